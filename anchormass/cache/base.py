@@ -1,0 +1,78 @@
+"""What every inference cache offers the model, the generator and the benchmarks.
+
+A cache is one object per session (one prompt and its generation, any batch size). The model
+fills it chunk by chunk: each attention layer calls `layers[i].attend(q, k, v)` with post-RoPE
+queries/keys at absolute positions `seen_tokens + arange(T)`, and the model calls `advance(T)`
+once after all layers have run.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+
+class LayerCache:
+    """One layer's state. Subclasses implement `attend` and `tensors`."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append this chunk's k, v ([B, H, T, D]) and return attention output [B, H, T, D]."""
+        raise NotImplementedError
+
+    def tensors(self) -> Iterable[torch.Tensor]:
+        """Every tensor this layer holds (for measured byte accounting)."""
+        raise NotImplementedError
+
+    def after_forward(self) -> None:
+        """Called once per model forward, after every layer attended (e.g. stage 2 runs here)."""
+
+    def end_prefill(self) -> None:
+        """Called once when the whole prompt has been prefilled (e.g. SnapKV compresses here)."""
+
+    def stats(self) -> dict[str, int | float]:
+        """{'slots': ..., 'mass': ...} for this layer (see KVCache.stats)."""
+        raise NotImplementedError
+
+
+class KVCache:
+    """A list of layer caches plus the session state shared by all layers."""
+
+    def __init__(self, layers: Sequence[LayerCache], batch_size: int):
+        self.layers = list(layers)
+        self.batch_size = batch_size
+        self.seen_tokens = 0
+        # RoPE base of this session, fixed at prefill (SPEC 1). None until the first forward.
+        self.rope_base: float | None = None
+
+    def advance(self, n_tokens: int) -> None:
+        self.seen_tokens += n_tokens
+        for layer in self.layers:
+            layer.after_forward()
+
+    def end_prefill(self) -> None:
+        for layer in self.layers:
+            layer.end_prefill()
+
+    @property
+    def nbytes(self) -> int:
+        """Measured: the bytes of every tensor the cache holds, buffers included."""
+        seen: set[int] = set()
+        total = 0
+        for layer in self.layers:
+            for t in layer.tensors():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
+
+    def stats(self) -> dict:
+        """'tokens': tokens seen; per layer 'slots' (global slots stored / tokens kept) and
+        'mass' (total mass the global heads represent: sinks + slots + tail)."""
+        per_layer = [layer.stats() for layer in self.layers]
+        return {
+            "tokens": self.seen_tokens,
+            "slots": [s["slots"] for s in per_layer],
+            "mass": [s["mass"] for s in per_layer],
+        }
