@@ -1,0 +1,119 @@
+"""Stage 1 (SPEC 2.3): compress complete blocks of global-head keys/values into slots.
+
+Shared by the parallel training path and the inference cache, so both make identical
+decisions. Everything is vectorised over batch, blocks and groups.
+
+Each group of G consecutive tokens becomes two slots, background first:
+  background: value = mass-weighted mean of the background values, key = the *anchor* key
+              (the background token with the largest position; averaging RoPE-rotated keys
+              would mix phases), mass = sum of background masses;
+  outlier:    the single most off-direction token (k, v, mass) if the group emits one,
+              else zeros with mass 0 (an absent slot).
+The outlier decision is one per (sequence, group), shared by all global heads of the layer.
+
+Conventions the SPEC leaves open:
+  * cos(v, v_bar) of a zero vector (either side) is 0, so an all-zero value never yields NaN.
+  * rel[i] = mean_h ( |v[h,i]| / mean_j |v[h,j]| ), with 0/0 := 0 (an all-zero group).
+  * argmin ties resolve to the lowest index (torch.argmin returns the first minimum).
+  * a group of a single token (G = 1) never emits: an outlier needs a background to differ from.
+  * decisions and the anchor choice are discrete and carry no gradient; gradients flow
+    through the selected keys/values and the averaged values (and mean keys).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from anchormass.models.config import ModelConfig
+
+
+def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B, H, N, D] -> [B, H, N // G, G, D]."""
+    b, h, n, d = x.shape
+    return x.reshape(b, h, n // group_size, group_size, d)
+
+
+@torch.no_grad()
+def group_decisions(v: torch.Tensor, cfg: ModelConfig,
+                    mass: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outlier decision per group.
+
+    v: [B, Hg, N, D] values (N a multiple of G); mass: [B, N] token masses (default all 1).
+    Returns (outlier_idx [B, N//G] long, index inside its group; emit [B, N//G] bool).
+    """
+    g = cfg.group_size
+    vg = _grouped(v, g).float()  # [B, Hg, ng, G, D]
+    b, _, ng, _, _ = vg.shape
+    m = (torch.ones(b, ng, g, device=v.device) if mass is None
+         else mass.float().reshape(b, ng, g))  # [B, ng, G]
+    m_h = m[:, None, :, :, None]  # [B, 1, ng, G, 1]
+    total = m_h.sum(dim=-2, keepdim=True)  # [B, 1, ng, 1, 1]
+    v_bar = (vg * m_h).sum(dim=-2, keepdim=True) / total.clamp_min(1e-30)  # [B, Hg, ng, 1, D]
+
+    norms = vg.norm(dim=-1)  # [B, Hg, ng, G]
+    bar_norm = v_bar.norm(dim=-1)  # [B, Hg, ng, 1]
+    dots = (vg * v_bar).sum(dim=-1)  # [B, Hg, ng, G]
+    denom = norms * bar_norm
+    cos = torch.where(denom > 0, dots / denom.clamp_min(1e-30), torch.zeros_like(dots))
+    sim = cos.mean(dim=1)  # [B, ng, G]: mean over global heads
+
+    mean_norm = norms.mean(dim=-1, keepdim=True)  # [B, Hg, ng, 1]
+    rel_h = torch.where(mean_norm > 0, norms / mean_norm.clamp_min(1e-30), torch.zeros_like(norms))
+    rel = rel_h.mean(dim=1)  # [B, ng, G]
+
+    idx = sim.argmin(dim=-1)  # [B, ng]: first minimum on ties
+    sim_min = sim.gather(-1, idx[..., None]).squeeze(-1)  # [B, ng]
+    emit = (sim_min < cfg.outlier_cos) | (rel.max(dim=-1).values > cfg.outlier_rel_norm)
+    if not cfg.outliers or g < 2:
+        emit = torch.zeros_like(emit)
+    return idx, emit
+
+
+def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
+                    mass: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Compress complete blocks into slots.
+
+    k, v: [B, Hg, nblocks*C, D] global-head keys (post-RoPE) / values; mass: [B, nblocks*C]
+    token masses (default 1). Returns slot_k, slot_v [B, Hg, nblocks*2*(C//G), D] and
+    slot_mass [B, nblocks*2*(C//G)] (fp32); per group background slot first, then outlier.
+    """
+    g = cfg.group_size
+    b, h, n, d = k.shape
+    if n % cfg.block_size:
+        raise ValueError(f"compress_blocks: {n} tokens is not a whole number of blocks of {cfg.block_size}")
+    ng = n // g
+    idx, emit = group_decisions(v, cfg, mass)  # [B, ng], [B, ng]
+    m = (torch.ones(b, ng, g, device=k.device) if mass is None
+         else mass.float().reshape(b, ng, g))  # [B, ng, G]
+
+    pos = torch.arange(g, device=k.device)  # [G]
+    is_out = emit[..., None] & (pos == idx[..., None])  # [B, ng, G]
+    bg_w = m * (~is_out).float()  # [B, ng, G]: background masses (0 for the outlier)
+    bg_mass = bg_w.sum(dim=-1)  # [B, ng]
+    out_mass = (m * is_out.float()).sum(dim=-1)  # [B, ng]: n[i*] or 0
+
+    kg, vg = _grouped(k, g), _grouped(v, g)  # [B, Hg, ng, G, D]
+    w = (bg_w / bg_mass.clamp_min(1e-30)[..., None])[:, None, :, :, None].to(v.dtype)  # [B, 1, ng, G, 1]
+    bg_v = (vg * w).sum(dim=-2)  # [B, Hg, ng, D]
+    if cfg.background_key == "mean":
+        bg_k = (kg * w.to(k.dtype)).sum(dim=-2)
+    else:
+        # Anchor: the last background position, i.e. G-1 unless the outlier sits there.
+        anchor = torch.where(is_out[..., -1], g - 2, g - 1)  # [B, ng]
+        bg_k = _pick(kg, anchor)
+
+    keep = emit[:, None, :, None].to(k.dtype)  # [B, 1, ng, 1]: zero the absent outlier slots
+    out_k = _pick(kg, idx) * keep
+    out_v = _pick(vg, idx) * keep.to(v.dtype)
+
+    slot_k = torch.stack([bg_k, out_k], dim=3).reshape(b, h, 2 * ng, d)  # [B, Hg, 2ng, D]
+    slot_v = torch.stack([bg_v, out_v], dim=3).reshape(b, h, 2 * ng, d)
+    slot_mass = torch.stack([bg_mass, out_mass], dim=-1).reshape(b, 2 * ng)  # [B, 2ng]
+    return slot_k, slot_v, slot_mass
+
+
+def _pick(xg: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """xg [B, H, ng, G, D], index [B, ng] -> xg[b, h, j, index[b, j]] as [B, H, ng, D]."""
+    b, h, ng, _, d = xg.shape
+    gather_idx = index[:, None, :, None, None].expand(b, h, ng, 1, d)
+    return xg.gather(3, gather_idx).squeeze(3)

@@ -1,0 +1,51 @@
+"""Rotary position embedding with dynamic NTK scaling (SPEC 1).
+
+Convention: *rotate-half* (as in GPT-NeoX / LLaMA): dimension i is paired with i + D/2, and
+pair i rotates with frequency base^(-2i/D). cos/sin are computed for exactly the positions
+being processed and shared by all layers of one forward, so nothing grows with the context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def ntk_base(theta: float, prompt_len: int, original_max_len: int, head_dim: int) -> float:
+    """Dynamic-NTK RoPE base for a session whose prompt has `prompt_len` tokens.
+
+    theta while the prompt fits the trained length, else theta * (P / L_orig)^(d / (d - 2)):
+    this stretches the lowest frequency so that P positions span the angle range that
+    L_orig positions spanned in training.
+    """
+    if prompt_len <= original_max_len:
+        return float(theta)
+    return float(theta) * (prompt_len / original_max_len) ** (head_dim / (head_dim - 2))
+
+
+def rope_cos_sin(positions: torch.Tensor, base: float, head_dim: int,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [T, head_dim] for absolute `positions` ([T], integer).
+
+    Angles are formed in float64: at 256K positions an fp32 product pos * inv_freq is off by
+    up to ~0.02 rad, which would put cached keys and new queries slightly out of phase.
+    """
+    device = positions.device if device is None else device
+    pos = positions.to(device=device, dtype=torch.float64)  # [T]
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)  # [D/2]
+    ang = pos[:, None] * inv_freq[None, :]  # [T, D/2]
+    ang = torch.cat([ang, ang], dim=-1)  # [T, D]: rotate-half layout
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, D] by cos/sin [T, D]; the math runs in fp32, the result keeps x's dtype."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)  # [B, H, T, D]
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def positions_for(start: int, length: int, device: torch.device | str) -> torch.Tensor:
+    """Absolute positions start .. start + length - 1 as a LongTensor [length]."""
+    return torch.arange(start, start + length, device=device, dtype=torch.long)
