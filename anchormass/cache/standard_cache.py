@@ -1,0 +1,188 @@
+"""The Standard model's inference cache: dense per-layer K/V, optionally under a KV policy.
+
+Per layer the cache holds K and V as preallocated [B, H, capacity, D] buffers (post-RoPE keys);
+a chunk is written in place and capacity grows by doubling, so decoding never re-copies the
+whole cache per token. Every head of every sequence holds the same number of tokens (`length`);
+policies (SPEC 3, `kv_policies/`) choose *which* tokens per head and sequence.
+
+Attention is always computed by SDPA over the stored keys, whatever the policy: policies that
+need attention scores (H2O, the hit-rate probe) compute them separately in fp32. So while a
+policy has evicted nothing, its outputs are bit-identical to the full cache's.
+
+Stored slots stay in chronological order (appends go to the end, selections are gathered in
+ascending order), so "the first n slots" are the oldest tokens and "the last n" the most recent.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from anchormass.cache.base import KVCache, LayerCache
+from anchormass.cache.kv_policies import KVPolicy, get_policy
+from anchormass.errors import ConfigError
+
+POSITION_AUX = "position"  # per-slot original position (int32), kept when a policy is active
+
+
+class StandardLayerCache(LayerCache):
+    def __init__(self, n_heads: int, head_dim: int, batch_size: int, policy: KVPolicy | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 decode_reserve: int = 64):
+        self.n_heads, self.head_dim, self.batch_size = n_heads, head_dim, batch_size
+        self.policy = policy
+        self.device, self.dtype = device, dtype
+        self.decode_reserve = decode_reserve
+        self.k: torch.Tensor | None = None  # [B, H, cap, D]
+        self.v: torch.Tensor | None = None  # [B, H, cap, D]
+        self.length = 0  # tokens stored per head
+        self.seen = 0  # tokens attended so far (= absolute position of the next token)
+        self.prefilling = True
+        # Per-slot side tensors [B, H, cap] grown, appended and gathered together with k/v.
+        self.aux: dict[str, torch.Tensor] = {}
+        # Policy scratch that is not per slot (e.g. SnapKV's observation queries).
+        self.state: dict[str, torch.Tensor] = {}
+        self._aux_dtypes: dict[str, torch.dtype] = {}
+        if policy is not None:
+            self.add_aux(POSITION_AUX, torch.int32)
+
+    # ------------------------------------------------------------------ storage
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def add_aux(self, name: str, dtype: torch.dtype) -> None:
+        """Declare a per-slot tensor (zero for newly appended slots; positions are filled in)."""
+        self._aux_dtypes[name] = dtype
+        if self.k is not None and name not in self.aux:
+            self.aux[name] = torch.zeros(self.k.shape[:3], dtype=dtype, device=self.k.device)
+
+    def _reallocate(self, capacity: int) -> None:
+        shape = (self.batch_size, self.n_heads, capacity, self.head_dim)
+        k = torch.empty(shape, dtype=self.dtype, device=self.device)
+        v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        aux = {name: torch.zeros(shape[:3], dtype=dt, device=self.device) for name, dt in self._aux_dtypes.items()}
+        n = self.length
+        if self.k is not None and n:
+            k[:, :, :n] = self.k[:, :, :n]
+            v[:, :, :n] = self.v[:, :, :n]
+            for name, t in self.aux.items():
+                aux[name][:, :, :n] = t[:, :, :n]
+        self.k, self.v, self.aux = k, v, aux
+
+    def _reserve(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity)
+        if self.policy is not None and self.policy.bounded:
+            # Between forwards a bounded cache holds <= budget tokens: budget + this chunk suffices.
+            capacity = min(capacity, max(needed, self.policy.budget + 1))
+        self._reallocate(capacity)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Keep only the stored slots `idx` ([B, H, n], ascending, per head and sequence)."""
+        n = idx.shape[-1]
+        n_stored = self.length
+        for buf in (self.k, self.v):
+            picked = torch.gather(buf[:, :, :n_stored], 2, idx.unsqueeze(-1).expand(-1, -1, -1, self.head_dim))
+            buf[:, :, :n] = picked
+        for t in self.aux.values():
+            t[:, :, :n] = torch.gather(t[:, :, :n_stored], 2, idx)
+        self.length = n
+
+    def compact(self, reserve: int) -> None:
+        """Shrink the buffers to `length + reserve` slots (after prefill, so nbytes is honest)."""
+        if self.k is not None and self.capacity > self.length + reserve:
+            self._reallocate(self.length + reserve)
+
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, : self.length]  # [B, H, L, D]
+
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, : self.length]  # [B, H, L, D]
+
+    def positions(self) -> torch.Tensor:
+        """Original positions of the stored slots, [B, H, L] (only when a policy is active)."""
+        return self.aux[POSITION_AUX][:, :, : self.length]
+
+    # ------------------------------------------------------------------ seam
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = k.shape
+        if (b, h, d) != (self.batch_size, self.n_heads, self.head_dim):
+            raise ConfigError(f"standard cache holds [B={self.batch_size}, H={self.n_heads}, D={self.head_dim}], "
+                              f"got k of shape {tuple(k.shape)}")
+        if self.dtype is None:
+            self.dtype = k.dtype
+        if self.device is None:
+            self.device = k.device
+        start = self.length
+        self._reserve(start + t)
+        self.k[:, :, start:start + t] = k
+        self.v[:, :, start:start + t] = v
+        for name, buf in self.aux.items():
+            buf[:, :, start:start + t] = 0
+        if POSITION_AUX in self.aux:
+            self.aux[POSITION_AUX][:, :, start:start + t] = torch.arange(
+                self.seen, self.seen + t, dtype=torch.int32, device=self.device)
+        self.length = start + t
+
+        keys, vals = self.keys(), self.values()
+        if keys.dtype != q.dtype:
+            keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+        if t == 1:
+            out = F.scaled_dot_product_attention(q, keys, vals)  # one query sees everything stored
+        elif start == 0:
+            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True)
+        else:
+            # Stored slots are all earlier than the chunk: visible; the chunk itself is causal.
+            cols = torch.arange(start + t, device=q.device).unsqueeze(0)
+            rows = torch.arange(t, device=q.device).unsqueeze(1) + start
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=cols <= rows)  # [B, H, T, D]
+
+        if self.policy is not None:
+            self.policy.on_attend(self, q)
+        self.seen += t
+        return out
+
+    def after_forward(self) -> None:
+        if self.policy is not None:
+            self.policy.after_forward(self)
+
+    def end_prefill(self) -> None:
+        if self.policy is not None:
+            self.policy.end_prefill(self)
+        self.prefilling = False
+        bounded = self.policy is not None and self.policy.bounded
+        self.compact(1 if bounded else self.decode_reserve)
+
+    def tensors(self) -> Iterable[torch.Tensor]:
+        if self.k is not None:
+            yield self.k
+            yield self.v
+        yield from self.aux.values()
+        yield from self.state.values()
+
+    def stats(self) -> dict[str, int]:
+        return {"slots": self.length, "mass": self.length}
+
+
+class StandardCache(KVCache):
+    """`make_cache` builds this for `cfg.arch == "standard"`.
+
+    policy: None (full cache), a name in `kv_policies.POLICIES` or a `KVPolicy` instance;
+    budget: tokens kept per head (required with a policy). Positions stay the original ones
+    (keys are stored post-RoPE), for every policy.
+    """
+
+    def __init__(self, cfg, batch_size: int, policy: str | KVPolicy | None = None, budget: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 decode_reserve: int = 64):
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        bound = get_policy(policy, budget)
+        self.policy = bound
+        layers = [StandardLayerCache(cfg.n_heads, cfg.head_dim, batch_size, bound, device, dtype, decode_reserve)
+                  for _ in range(cfg.n_layers)]
+        super().__init__(layers, batch_size)
