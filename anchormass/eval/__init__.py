@@ -1,0 +1,6 @@
+"""Evaluation library (SPEC 6): one module per suite, a registry by name, one runner.
+
+    from anchormass.eval.runner import run_evaluation   # evaluate.py, callbacks, curriculum report
+    from anchormass.eval.suite import Suite, EvalContext, EvalModel  # the suite interface
+    from anchormass.eval.registry import SUITES, make_suite
+"""

@@ -1,0 +1,115 @@
+"""Turn the evaluate config into models and a tokenizer, checking everything before any suite runs.
+
+Model A comes from `ckpt=<path>` or `model=<preset|dict>` (random init), model B (optional) from
+`compare_ckpt=<path>` or `compare_model=<preset>`. Both must read the same tokenizer, so that a
+comparison scores identical token sequences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.eval.io import sha256_file
+from anchormass.eval.suite import EvalModel
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"device: cannot parse {name!r} ({err})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(name: str | None) -> torch.dtype:
+    name = name or "float32"
+    if name not in DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: torch.dtype,
+              seed: int) -> EvalModel | None:
+    if ckpt and preset:
+        raise ConfigError(f"{role}: give a checkpoint or a model preset, not both")
+    if ckpt:
+        from anchormass.training.checkpoint import load_model
+
+        path = Path(str(ckpt)).expanduser()
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint not found: {path}")
+        model, hparams = load_model(path, map_location="cpu")
+        from anchormass.models.config import ModelConfig
+
+        config = ModelConfig.from_dict(hparams["model_config"])
+        source = str(path.resolve())
+        label = config.name
+    elif preset:
+        from anchormass.models import build_model
+        from anchormass.models.config import load_model_config
+
+        config = load_model_config(preset)
+        torch.manual_seed(seed)  # random init, but reproducible
+        model = build_model(config)
+        hparams = {}
+        source = f"random-init:{config.name}"
+        label = config.name
+    else:
+        return None
+    model.to(device=device, dtype=dtype).eval()
+    return EvalModel(label=label, model=model, config=config, source=source, hparams=dict(hparams))
+
+
+def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[EvalModel]:
+    seed = int(cfg.get("seed", 0))
+    a = _load_one(cfg.get("ckpt"), cfg.get("model"), "model A", device, dtype, seed)
+    if a is None:
+        raise ConfigError("nothing to evaluate: pass ckpt=<path.ckpt> or model=<preset> (random init)")
+    b = _load_one(cfg.get("compare_ckpt"), cfg.get("compare_model"), "compare model", device, dtype, seed)
+    models = [a] if b is None else [a, b]
+    if b is not None and a.label == b.label:
+        a.label, b.label = f"{a.label} (A)", f"{b.label} (B)"
+    factor = (cfg.get("limits") or {}).get("max_extrapolation")
+    for m in models:
+        m.hparams["_max_context"] = None if factor is None else int(factor * m.config.original_max_len)
+    return models
+
+
+def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
+    """`tokenizer=` wins; else the checkpoints' own tokenizer (they must agree)."""
+    if cfg.get("tokenizer"):
+        path = Path(str(cfg["tokenizer"])).expanduser()
+        if not path.exists():
+            raise DataError(f"tokenizer not found: {path}")
+        return path
+    paths = [Path(m.hparams["tokenizer_path"]) for m in models if m.hparams.get("tokenizer_path")]
+    for p in paths:
+        if not p.exists():
+            raise DataError(f"tokenizer named by the checkpoint not found: {p} (pass tokenizer=<path>)")
+    if len(paths) == 2 and paths[0].resolve() != paths[1].resolve() and paths[0].is_file() \
+            and sha256_file(paths[0]) != sha256_file(paths[1]):
+        raise CheckpointError(f"the two checkpoints use different tokenizers ({paths[0]} vs {paths[1]}); "
+                              "a paired comparison needs identical token sequences")
+    return paths[0] if paths else None
+
+
+def load_tokenizer(path: Path, models: list[EvalModel]):
+    from anchormass.data.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(path)
+    for m in models:
+        if tok.vocab_size > m.config.vocab_size:
+            raise CheckpointError(f"tokenizer {path} has {tok.vocab_size} ids but model '{m.label}' only "
+                                  f"{m.config.vocab_size}: tokenizer and checkpoint do not match")
+    return tok

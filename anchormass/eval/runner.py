@@ -1,0 +1,187 @@
+"""The one entry point of the evaluation library: `run_evaluation(cfg) -> Path`.
+
+Used by `evaluate.py`, by the training callbacks and by the curriculum's final report. Everything
+that can be checked (models, tokenizer, data files, lengths) is checked before any suite runs;
+outputs are written into a staging folder that is renamed into place only when the whole run
+succeeded, so a failed run leaves no half-written results behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from anchormass.errors import ConfigError
+from anchormass.eval import registry
+from anchormass.eval.io import atomic_write_json, atomic_write_text, git_commit, sha256_file
+from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
+from anchormass.eval.suite import EvalContext, EvalModel, Suite
+
+DEFAULT_ALL = ["profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"]
+
+
+def to_plain(cfg: Any) -> dict:
+    """DictConfig (resolved) or mapping -> plain dict."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)
+
+
+def suite_list(cfg: dict) -> tuple[list[str], bool]:
+    """(names, is_all). `suite` may be a name, 'all', a comma list or a list."""
+    spec = cfg.get("suite") or "all"
+    names = spec if isinstance(spec, list) else [s.strip() for s in str(spec).split(",") if s.strip()]
+    if names == ["all"]:
+        return list(cfg.get("all_suites") or DEFAULT_ALL), True
+    for n in names:
+        registry.suite_class(n)  # unknown / missing -> ConfigError now
+    return names, False
+
+
+def _out_dir(cfg: dict, names: list[str]) -> Path:
+    if cfg.get("out_dir"):
+        out = Path(str(cfg["out_dir"])).expanduser()
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / "eval" / f"{stamp}-{'+'.join(names) if len(names) < 3 else 'all'}"
+    if out.exists() and any(out.iterdir()) and not cfg.get("overwrite", False):
+        raise ConfigError(f"out_dir {out} already exists and is not empty (pass overwrite=true)")
+    return out
+
+
+def _model_info(m: EvalModel) -> dict:
+    return {"label": m.label, "arch": m.arch, "source": m.source,
+            "n_params": sum(p.numel() for p in m.model.parameters()),
+            "config": m.config.to_dict(),
+            "max_context": m.max_context,
+            "trained_lengths": m.hparams.get("trained_lengths"),
+            "data_fingerprint": m.hparams.get("data_fingerprint")}
+
+
+def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: Any = None) -> Path:
+    """Run the suites `cfg` asks for and write results.json, report.md and plots.
+
+    cfg: the composed evaluate config (DictConfig or dict; see configs/evaluate.yaml).
+    models / tokenizer: already-built objects (training callbacks pass the live model); when
+    None they are loaded from cfg. Returns the output folder.
+    """
+    cfg = to_plain(cfg)
+    names, is_all = suite_list(cfg)
+    eval_cfg = cfg.get("eval") or {}
+    device = resolve_device(cfg.get("device"))
+    if models is None:
+        models = load_models(cfg, device, resolve_dtype(cfg.get("dtype")))
+    else:
+        device = next(models[0].model.parameters()).device
+
+    # Instantiate suites; under 'all' a missing module or a suite that does not apply is skipped.
+    suites: list[Suite] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        if is_all and not registry.is_available(name):
+            skipped[name] = "suite module not available"
+            continue
+        suites.append(registry.make_suite(name, eval_cfg.get(name)))
+
+    tok_path = None
+    if tokenizer is None and any(s.needs_tokenizer for s in suites):
+        tok_path = tokenizer_path(cfg, models)
+        if tok_path is not None:
+            tokenizer = load_tokenizer(tok_path, models)
+
+    data: dict[str, dict] = {}
+
+    def record_data(name: str, path: str | Path) -> None:
+        path = Path(path)
+        if name not in data:
+            data[name] = {"path": str(path.resolve()), "sha256": sha256_file(path) if path.is_file() else None}
+
+    ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=int(cfg.get("seed", 0)),
+                      progress=bool(cfg.get("progress", True)), data=data, record_data=record_data)
+
+    runnable = []
+    for s in suites:
+        reason = s.applies(ctx)
+        if reason:
+            if not is_all:
+                raise ConfigError(f"suite '{s.name}': {reason}")
+            skipped[s.name] = reason
+            continue
+        s.check(ctx)  # bad input -> one line, before anything runs or is written
+        runnable.append(s)
+
+    out_dir = _out_dir(cfg, names)
+    staging = out_dir.parent / f".{out_dir.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        results: dict[str, dict] = {}
+        sections: list[str] = []
+        was_training = [m.model.training for m in models]
+        for m in models:
+            m.model.eval()
+        try:
+            for s in runnable:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    res = s.run(ctx)
+                res["runtime_s"] = time.perf_counter() - t0
+                res["plots"] = s.plots(res, staging)
+                results[s.name] = res
+                sections.append(s.report(res))
+        finally:
+            for m, flag in zip(models, was_training):
+                m.model.train(flag)
+        for name, reason in skipped.items():
+            results[name] = {"skipped": reason}
+        meta = {
+            "suite": names if not is_all else "all",
+            "created": _dt.datetime.now().isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "device": str(device),
+            "dtype": str(next(models[0].model.parameters()).dtype).replace("torch.", ""),
+            "models": [_model_info(m) for m in models],
+            "tokenizer": None if tok_path is None else {"path": str(tok_path.resolve()),
+                                                         "sha256": sha256_file(tok_path) if tok_path.is_file() else None},
+            "data": data,
+            "config": cfg,
+        }
+        atomic_write_json(staging / "results.json", {**meta, "suites": results})
+        atomic_write_text(staging / "report.md", _report(meta, sections, skipped))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)  # empty, or overwrite=true was given (checked above)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _report(meta: dict, sections: list[str], skipped: dict[str, str]) -> str:
+    lines = ["# AnchorMass evaluation", "",
+             f"- created: {meta['created']}; git commit: `{meta['git_commit']}`; device: {meta['device']}, "
+             f"dtype: {meta['dtype']}", ""]
+    lines += ["| model | arch | parameters | source |", "| --- | --- | ---: | --- |"]
+    for m in meta["models"]:
+        lines.append(f"| {m['label']} | {m['arch']} | {m['n_params']:,} | `{m['source']}` |")
+    lines.append("")
+    if meta["data"]:
+        lines += ["| data | sha256 |", "| --- | --- |"]
+        lines += [f"| `{d['path']}` | `{(d['sha256'] or '-')[:16]}` |" for d in meta["data"].values()]
+        lines.append("")
+    for name, reason in skipped.items():
+        lines.append(f"- suite `{name}` skipped: {reason}")
+    if skipped:
+        lines.append("")
+    return "\n".join(lines) + "\n" + "\n".join(sections)

@@ -1,0 +1,28 @@
+"""Evaluate one model, or compare two on identical items (SPEC 6).
+
+    python evaluate.py suite=ppl ckpt=runs/a.ckpt compare_ckpt=runs/b.ckpt eval=demo
+    python evaluate.py suite=profile model=anchormass_tiny compare_model=standard_tiny
+
+Writes results.json, report.md and PNG plots into out_dir; bad input exits 2 with one line.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from anchormass.cli import exit_on_error
+from anchormass.eval.runner import run_evaluation
+
+
+@exit_on_error
+def evaluate(cfg: DictConfig) -> None:
+    out = run_evaluation(cfg)
+    print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()
