@@ -228,3 +228,34 @@ def test_budget_covering_the_sequence_is_exactly_the_full_cache(name):
         layer.end_prefill()
         outs.append(torch.cat([out, run(layer, q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], [1] * 10)], dim=2))
     assert torch.equal(outs[0], outs[1])
+
+
+# ----------------------------------------------------------------------------- through the model
+def test_policies_through_the_standard_tiny_model():
+    from anchormass.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("standard_tiny").eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+
+    def session(policy, budget):
+        cache = model.new_cache(batch_size=2, policy=policy, budget=budget)
+        with torch.no_grad():
+            logits = [model(ids[:, :20], cache=cache), model(ids[:, 20:32], cache=cache)]
+            cache.end_prefill()
+            logits += [model(ids[:, t:t + 1], cache=cache) for t in range(32, 48)]
+        return torch.cat(logits, dim=1), cache
+
+    full, _ = session(None, None)
+    with torch.no_grad():
+        torch.testing.assert_close(full, model(ids), atol=1e-4, rtol=0)
+    for name in sorted(POLICIES):
+        same, cache = session(name, 48)  # the budget covers the whole session: nothing is evicted
+        assert torch.equal(same, full), name
+        assert cache.stats()["slots"] == [48] * model.cfg.n_layers
+        policy = SnapKV(window=8) if name == "snapkv" else name
+        squeezed, cache = session(policy, 16)
+        assert not torch.allclose(squeezed[:, 32:], full[:, 32:]), name
+        kept = 16 + (16 if name == "snapkv" else 0)  # SnapKV compresses the prompt once, then appends
+        assert cache.stats()["slots"] == [kept] * model.cfg.n_layers
+        assert cache.stats()["mass"] == [kept] * model.cfg.n_layers
