@@ -107,7 +107,8 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
             data[name] = {"path": str(path.resolve()), "sha256": sha256_file(path) if path.is_file() else None}
 
     ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=int(cfg.get("seed", 0)),
-                      progress=bool(cfg.get("progress", True)), data=data, record_data=record_data)
+                      progress=bool(cfg.get("progress", True)), data=data, record_data=record_data,
+                      data_dir=Path(str(cfg["data_dir"])).expanduser() if cfg.get("data_dir") else None)
 
     runnable = []
     for s in suites:
@@ -139,7 +140,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
                 res["runtime_s"] = time.perf_counter() - t0
                 res["plots"] = s.plots(res, staging)
                 results[s.name] = res
-                sections.append(s.report(res))
+                sections.append(s.report(res) + "".join(f"\n![{p}]({p})\n" for p in res["plots"]))
         finally:
             for m, flag in zip(models, was_training):
                 m.model.train(flag)

@@ -53,6 +53,7 @@ class EvalContext:
     device: torch.device
     seed: int = 0
     progress: bool = True
+    data_dir: Path | None = None  # folder with train.bin / val.bin (cfg.data_dir)
     # name -> {"path": ..., "sha256": ...}; suites record every data file they read.
     data: dict[str, dict] = field(default_factory=dict)
     record_data: Callable[[str, str | Path], None] | None = None

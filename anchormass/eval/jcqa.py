@@ -1,0 +1,134 @@
+"""(e) JCommonsenseQA (SPEC 6 e): summed log-likelihood per choice, acc and acc_norm.
+
+Each choice's text is tokenised on its own and appended to the tokenised prompt (so every
+choice follows the identical prompt tokens); its score is the summed log-probability of its
+tokens. acc picks the highest sum; acc_norm the highest sum / character length of the choice.
+Two models: exact McNemar on the per-question correctness vectors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from anchormass.errors import ConfigError
+from anchormass.eval import tables
+from anchormass.eval.common import fmt_p, gather_logprobs, progress
+from anchormass.eval.jcqa_data import TEMPLATE, build_prompt, load_split, pick_shots
+from anchormass.eval.stats import mcnemar_exact
+from anchormass.eval.suite import EvalContext, Suite
+
+
+def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device) -> list[float]:
+    """Summed log p(continuation | context) for each (context ids, continuation ids) pair.
+
+    One right-padded batch through the parallel forward (causal: padding after a sequence cannot
+    change its scores); only continuation positions go through the LM head."""
+    T = max(len(c) + len(x) for c, x in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long, device=device)
+    rows, cols, tgts = [], [], []
+    for i, (c, x) in enumerate(seqs):
+        ids[i, :len(c) + len(x)] = torch.tensor(c + x, dtype=torch.long)
+        for j in range(len(x)):  # position len(c)-1+j predicts x[j]
+            rows.append(i)
+            cols.append(len(c) - 1 + j)
+            tgts.append(x[j])
+    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+    if hasattr(model, "forward_hidden") and hasattr(model, "lm_head"):
+        logits = model.lm_head(model.forward_hidden(ids)[rows_t, cols_t])  # [n, V]
+    else:
+        logits = model(ids)[rows_t, cols_t]
+    lp = gather_logprobs(logits, torch.tensor(tgts, device=device))  # [n]
+    return torch.zeros(len(seqs), device=device, dtype=lp.dtype).index_add_(0, rows_t, lp).tolist()
+
+
+def score_questions(model, tokenizer, questions: list[dict], shots: list[dict], template: dict, *,
+                    device, batch_questions: int = 4, bos: bool = False, show: bool = False,
+                    desc: str = "jcqa") -> list[dict]:
+    """Per question: choice log-likelihoods, predictions (acc / acc_norm) and correctness."""
+    out = []
+    head = [tokenizer.bos_id] if bos else []
+    batches = [questions[i:i + batch_questions] for i in range(0, len(questions), batch_questions)]
+    for batch in progress(batches, show, desc):
+        seqs = []
+        for q in batch:
+            ctx_ids = head + tokenizer.encode(build_prompt(template, shots, q))
+            seqs += [(ctx_ids, tokenizer.encode(ch)) for ch in q["choices"]]
+        lls = choice_logliks(model, seqs, tokenizer.pad_id, device)
+        k = 0
+        for q in batch:
+            ll = lls[k:k + len(q["choices"])]
+            k += len(q["choices"])
+            norm = [v / max(1, len(ch)) for v, ch in zip(ll, q["choices"])]
+            pred, pred_n = int(np.argmax(ll)), int(np.argmax(norm))
+            out.append({"q_id": q["q_id"], "label": q["label"], "loglik": ll, "pred": pred, "pred_norm": pred_n,
+                        "correct": pred == q["label"], "correct_norm": pred_n == q["label"]})
+    return out
+
+
+class JcqaSuite(Suite):
+    name = "jcqa"
+    needs_tokenizer = True
+
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        self.template = {**TEMPLATE, **(self.opt("template") or {})}
+        for key in ("shot", "query", "choices_sep"):
+            if not isinstance(self.template.get(key), str):
+                raise ConfigError(f"jcqa.template.{key} must be a string")
+        self.questions, src = load_split(self.cfg, "validation")
+        ctx.record_data("jcqa_valid", src)
+        if self.opt("limit"):
+            self.questions = self.questions[: int(self.opt("limit"))]
+        n_shots = int(self.opt("n_shots", 3))
+        self.shots = []
+        if n_shots:
+            train, tsrc = load_split(self.cfg, "train")
+            ctx.record_data("jcqa_train", tsrc)
+            self.shots = pick_shots(train, n_shots, int(self.opt("shot_seed", 1234)))
+        longest = max(len(ctx.tokenizer.encode(build_prompt(self.template, self.shots, q))) + 64
+                      for q in self.questions[:50])
+        ctx.check_length("jcqa", longest)
+
+    def run(self, ctx: EvalContext) -> dict:
+        per_model = {}
+        for m in ctx.models:
+            per_model[m.label] = score_questions(
+                m.model, ctx.tokenizer, self.questions, self.shots, self.template, device=ctx.device,
+                batch_questions=int(self.opt("batch_questions", 4)), bos=bool(self.opt("bos", False)),
+                show=ctx.progress, desc=f"jcqa [{m.label}]")
+        labels = list(per_model)
+        summary, rows = {}, {}
+        for lab, res in per_model.items():
+            n = len(res)
+            rows[lab] = {"n": n, "correct": sum(r["correct"] for r in res),
+                         "correct_norm": sum(r["correct_norm"] for r in res)}
+            summary[f"{lab}/acc"] = rows[lab]["correct"] / n
+            summary[f"{lab}/acc_norm"] = rows[lab]["correct_norm"] / n
+        out = {"labels": labels, "n_questions": len(self.questions), "n_shots": len(self.shots),
+               "shot_ids": [s["q_id"] for s in self.shots], "template": self.template, "rows": rows,
+               "correct": {lab: [r["correct"] for r in res] for lab, res in per_model.items()},
+               "items": [{"model": lab, **r} for lab, res in per_model.items() for r in res], "summary": summary}
+        if ctx.paired:
+            a, b = labels
+            out["mcnemar"] = mcnemar_exact(out["correct"][a], out["correct"][b])
+            out["mcnemar_norm"] = mcnemar_exact([r["correct_norm"] for r in per_model[a]],
+                                                [r["correct_norm"] for r in per_model[b]])
+        return out
+
+    def report(self, result: dict) -> str:
+        labels = result["labels"]
+        head = ["metric"] + labels
+        if len(labels) == 2:
+            head += [f"Δ ({labels[1]} − {labels[0]})", "exact McNemar"]
+        body = []
+        for key, name, test in (("correct", "acc", "mcnemar"), ("correct_norm", "acc_norm", "mcnemar_norm")):
+            cells = [name] + [tables.pct(result["rows"][lab][key], result["rows"][lab]["n"]) for lab in labels]
+            if len(labels) == 2:
+                ra, rb = (result["rows"][lab] for lab in labels)
+                t = result[test]
+                cells += [f"{100 * (rb[key] - ra[key]) / ra['n']:+.2f}pt", f"p = {fmt_p(t['p'])} (b={t['b']}, c={t['c']})"]
+            body.append(cells)
+        return (f"## JCommonsenseQA\n\n{tables.markdown(head, body)}\n{result['n_questions']:,} questions, "
+                f"{result['n_shots']}-shot (train q_ids {result['shot_ids']}); score = summed log-likelihood "
+                "of the choice text; acc_norm divides by the choice's character length.\n")

@@ -1,0 +1,173 @@
+"""(c) Passkey retrieval (needle in a haystack), SPEC 6 c.
+
+Trials: every (length, depth, seed) of the config, identical for both models (haystack.py builds
+the exact-length prompts). Greedy decoding of `max_new_tokens`; the answer is the first digit
+run of the NFKC-normalised text. A format-robustness run repeats the trials of one length with
+each of the five question phrasings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from anchormass.errors import ConfigError
+from anchormass.eval import plots, tables
+from anchormass.eval.answers import score_answer
+from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
+from anchormass.eval.decoding import greedy
+from anchormass.eval.haystack import PHRASINGS, Haystack, Trial, make_trial
+from anchormass.eval.stats import mcnemar_exact
+from anchormass.eval.suite import EvalContext, EvalModel, Suite
+
+DEFAULT_DEPTHS = [0.1, 0.3, 0.5, 0.7, 0.9]
+
+
+def build_haystack(suite: Suite, ctx: EvalContext) -> Haystack:
+    """The haystack a passkey-style suite's config asks for (filler, language, token file)."""
+    tokens = None
+    if suite.opt("filler", "classic_ja") == "tokens":
+        from anchormass.data.token_file import open_tokens
+
+        path = suite.opt("filler_path") or (ctx.data_dir / "val.bin" if ctx.data_dir else None)
+        if not path:
+            raise ConfigError(f"{suite.name}: filler=tokens needs filler_path=<token file> or data_dir")
+        tokens = open_tokens(Path(str(path)).expanduser(), tokenizer_checksum=getattr(ctx.tokenizer, "checksum", None))
+        ctx.record_data(f"{suite.name}_filler", path)
+    return Haystack(ctx.tokenizer, filler=suite.opt("filler", "classic_ja"), lang=suite.opt("lang", "ja"),
+                    tokens=tokens, bos=bool(suite.opt("bos", False)))
+
+
+def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial], *, max_new_tokens: int,
+               batch_size: int, policy=None, budget=None, chunk=None, desc: str = "passkey") -> list[dict]:
+    """One record per trial: the trial, the decoded output, exact / digits (or status OOM).
+    Trials are batched by length (a batch shares one length, as the cache requires)."""
+    by_len: dict[int, list[Trial]] = {}
+    for t in trials:
+        by_len.setdefault(t.length, []).append(t)
+    batches = [ts[i:i + batch_size] for ts in by_len.values() for i in range(0, len(ts), batch_size)]
+    records: list[dict] = []
+    for batch in progress(batches, ctx.progress, f"{desc} [{m.label}]"):
+        ids = torch.tensor([hay.build(t) for t in batch], dtype=torch.long, device=ctx.device)
+        try:
+            new = greedy(m.model, ids, max_new_tokens, policy=policy, budget=budget, chunk=chunk).tolist()
+        except Exception as err:  # OOM at a length is a result
+            if not is_oom(err):
+                raise
+            free_memory(ctx.device)
+            records += [{**t.as_dict(), "model": m.label, "status": OOM, "exact": False, "digits": 0} for t in batch]
+            continue
+        for t, out in zip(batch, new):
+            text = ctx.tokenizer.decode(out)
+            records.append({**t.as_dict(), "model": m.label, "status": "ok", "output": text,
+                            **score_answer(text, t.key)})
+    return records
+
+
+def trial_grid(lengths, depths, seeds, phrasing: str = "plain") -> list[Trial]:
+    return [make_trial(int(L), float(d), int(s), phrasing) for L in lengths for d in depths for s in seeds]
+
+
+def tally(records: list[dict]) -> dict:
+    n = len(records)
+    return {"n": n, "exact": sum(r["exact"] for r in records),
+            "digits_mean": float(np.mean([r["digits"] for r in records])) if n else 0.0,
+            "oom": sum(r["status"] == OOM for r in records)}
+
+
+def paired_exact(records: list[dict], labels: list[str], key=lambda r: True) -> dict:
+    """McNemar over trials both models saw (matched by length/depth/seed/phrasing)."""
+    ident = lambda r: (r["length"], r["depth"], r["seed"], r["phrasing"])  # noqa: E731
+    a = {ident(r): r["exact"] for r in records if r["model"] == labels[0] and key(r)}
+    b = {ident(r): r["exact"] for r in records if r["model"] == labels[1] and key(r)}
+    common = sorted(set(a) & set(b))
+    return mcnemar_exact([a[k] for k in common], [b[k] for k in common])
+
+
+class PasskeySuite(Suite):
+    name = "passkey"
+    needs_tokenizer = True
+
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        self.lengths = [int(L) for L in self.opt("lengths", [4096, 8192, 16384, 32768])]
+        self.depths = [float(d) for d in self.opt("depths", DEFAULT_DEPTHS)]
+        self.seeds = [int(s) for s in self.opt("seeds", [0, 1, 2])]
+        if not (self.lengths and self.depths and self.seeds) or any(not 0 <= d <= 1 for d in self.depths):
+            raise ConfigError("passkey: lengths, depths (in [0, 1]) and seeds must be non-empty")
+        rob = self.opt("robustness") or {}
+        self.rob_length = rob.get("length")
+        self.rob_phrasings = list(rob.get("phrasings", list(PHRASINGS["ja"])))
+        self.hay = build_haystack(self, ctx)
+        trials = trial_grid(self.lengths, self.depths, self.seeds, self.opt("phrasing", "plain"))
+        if self.rob_length:
+            trials += [t for p in self.rob_phrasings
+                       for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p)]
+        for L in {t.length for t in trials}:
+            ctx.check_length("passkey", L + int(self.opt("max_new_tokens", 8)))
+        for t in trials:
+            self.hay.build(t)  # too short / unknown phrasing -> ConfigError before anything runs
+        self.trials = trials
+
+    def run(self, ctx: EvalContext) -> dict:
+        records = []
+        for m in ctx.models:
+            records += run_trials(ctx, m, self.hay, self.trials, max_new_tokens=int(self.opt("max_new_tokens", 8)),
+                                  batch_size=int(self.opt("batch_size", 1)), policy=self.opt("policy"),
+                                  budget=self.opt("budget"), chunk=self.opt("chunk"))
+        labels = [m.label for m in ctx.models]
+        main_phr = self.opt("phrasing", "plain")
+        main = [r for r in records if r["phrasing"] == main_phr and r["length"] in self.lengths]
+        by_length = {lab: {L: tally([r for r in main if r["model"] == lab and r["length"] == L])
+                           for L in self.lengths} for lab in labels}
+        heatmap = {lab: [[tally([r for r in main if r["model"] == lab and r["length"] == L and r["depth"] == d])
+                          for d in self.depths] for L in self.lengths] for lab in labels}
+        heat_rate = {lab: [[c["exact"] / c["n"] if c["n"] else float("nan") for c in row] for row in grid]
+                     for lab, grid in heatmap.items()}
+        out = {"labels": labels, "lengths": self.lengths, "depths": self.depths, "seeds": self.seeds,
+               "filler": self.hay.filler, "lang": self.hay.lang, "phrasing": main_phr,
+               "by_length": by_length, "heatmap": heat_rate, "items": records}
+        if self.rob_length:
+            rob = [r for r in records if r["length"] == self.rob_length and r["phrasing"] in self.rob_phrasings]
+            out["robustness"] = {"length": self.rob_length, "phrasings": self.rob_phrasings,
+                                 "by_phrasing": {lab: {p: tally([r for r in rob if r["model"] == lab and r["phrasing"] == p])
+                                                       for p in self.rob_phrasings} for lab in labels},
+                                 "total": {lab: tally([r for r in rob if r["model"] == lab]) for lab in labels}}
+        if ctx.paired:
+            out["paired"] = {L: paired_exact(main, labels, key=lambda r, L=L: r["length"] == L)
+                             for L in self.lengths}
+        out["summary"] = {f"{lab}/len{L}/exact": c["exact"] / c["n"] for lab in labels
+                          for L, c in by_length[lab].items() if c["n"]}
+        return out
+
+    def report(self, result: dict) -> str:
+        labels = result["labels"]
+        head = ["length"] + [f"{lab} exact (digits)" for lab in labels]
+        if len(labels) == 2:
+            head += [f"correct diff ({labels[1]} − {labels[0]})", "McNemar p"]
+        body = []
+        for L in result["lengths"]:
+            cells = [f"{L:,}"]
+            for lab in labels:
+                c = result["by_length"][lab][L]
+                cells.append(OOM if c["oom"] == c["n"] else f"{tables.pct(c['exact'], c['n'])}, {c['digits_mean']:.2f} digits")
+            if len(labels) == 2:
+                ca, cb = (result["by_length"][lab][L] for lab in labels)
+                cells += [f"{cb['exact'] - ca['exact']:+d}", fmt_p(result["paired"][L]["p"])]
+            body.append(cells)
+        text = (f"## Passkey retrieval\n\n{tables.markdown(head, body)}\n"
+                f"{len(result['depths'])} depths x {len(result['seeds'])} seeds per length; filler: {result['filler']} "
+                f"({result['lang']}), phrasing: {result['phrasing']}; exact = first digit run equals the key.\n")
+        rob = result.get("robustness")
+        if rob:
+            head = ["phrasing"] + [f"{lab} exact" for lab in labels]
+            body = [[p] + [tables.pct(rob["by_phrasing"][lab][p]["exact"], rob["by_phrasing"][lab][p]["n"])
+                           for lab in labels] for p in rob["phrasings"]]
+            body.append(["**total**"] + [tables.pct(rob["total"][lab]["exact"], rob["total"][lab]["n"]) for lab in labels])
+            text += f"\n### Format robustness at {rob['length']:,} tokens\n\n{tables.markdown(head, body)}"
+        return text
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [plots.passkey_heatmap(result, out_dir / "passkey_heatmap.png")]

@@ -1,0 +1,86 @@
+"""(d) Stage-2 policy study (SPEC 6 d): passkey trials at one length under small global budgets.
+
+For each AnchorMass model, every policy x budget cell runs the same n trials (depths x seeds);
+results are also split by needle depth (the write-up: only `adaptive` recovers needles at
+depth <= 0.7). Standard models have no slot policies and are left out of this suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anchormass.errors import ConfigError
+from anchormass.eval import plots, tables
+from anchormass.eval.passkey import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.suite import EvalContext, Suite
+from anchormass.models.config import SLOT_POLICIES
+
+
+class PoliciesSuite(Suite):
+    name = "policies"
+    needs_tokenizer = True
+
+    def applies(self, ctx: EvalContext) -> str | None:
+        if not any(m.arch == "anchormass" for m in ctx.models):
+            return "the stage-2 policy study needs an AnchorMass model"
+        return None
+
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        self.length = int(self.opt("length", 8192))
+        self.budgets = [int(b) for b in self.opt("budgets", [512, 256, 128])]
+        self.policies = list(self.opt("policies", list(SLOT_POLICIES)))
+        bad = [p for p in self.policies if p not in SLOT_POLICIES]
+        if bad or not self.policies or not self.budgets or min(self.budgets) < 4:
+            raise ConfigError(f"policies: policies must be from {SLOT_POLICIES} (got {bad or self.policies}) "
+                              f"and budgets >= 4 (got {self.budgets})")
+        self.depths = [float(d) for d in self.opt("depths", DEFAULT_DEPTHS)]
+        self.seeds = [int(s) for s in self.opt("seeds", list(range(6)))]
+        self.split = float(self.opt("split_depth", 0.7))
+        ctx.check_length("policies", self.length + int(self.opt("max_new_tokens", 8)))
+        self.hay = build_haystack(self, ctx)
+        self.trials = trial_grid([self.length], self.depths, self.seeds, self.opt("phrasing", "plain"))
+        for t in self.trials:
+            self.hay.build(t)
+
+    def run(self, ctx: EvalContext) -> dict:
+        cells, items = [], []
+        models = [m for m in ctx.models if m.arch == "anchormass"]
+        for m in models:
+            for budget in self.budgets:
+                for policy in self.policies:
+                    recs = run_trials(ctx, m, self.hay, self.trials, max_new_tokens=int(self.opt("max_new_tokens", 8)),
+                                      batch_size=int(self.opt("batch_size", 1)), policy=policy, budget=budget,
+                                      chunk=self.opt("chunk"), desc=f"policies {policy}@{budget}")
+                    for r in recs:
+                        r.update(policy=policy, budget=budget)
+                    items += recs
+                    shallow = [r for r in recs if r["depth"] <= self.split]
+                    cells.append({"model": m.label, "policy": policy, "budget": budget,
+                                  "hits": tally(recs)["exact"], "n": len(recs),
+                                  "hits_shallow": tally(shallow)["exact"], "n_shallow": len(shallow),
+                                  "by_depth": {d: tally([r for r in recs if r["depth"] == d]) for d in self.depths}})
+        return {"labels": [m.label for m in models], "length": self.length, "budgets": self.budgets,
+                "policies": self.policies, "depths": self.depths, "split_depth": self.split, "cells": cells,
+                "items": items,
+                "summary": {f"{c['model']}/{c['policy']}@{c['budget']}/exact": c["hits"] / c["n"] for c in cells}}
+
+    def report(self, result: dict) -> str:
+        out = [f"## Stage-2 policies at {result['length']:,} tokens\n"]
+        for lab in result["labels"]:
+            cells = {(c["policy"], c["budget"]): c for c in result["cells"] if c["model"] == lab}
+            head = ["budget (slots)"] + result["policies"]
+            body = [[f"{b}"] + [tables.pct(cells[(p, b)]["hits"], cells[(p, b)]["n"]) for p in result["policies"]]
+                    for b in result["budgets"]]
+            out.append(f"**{lab}**: all depths\n\n{tables.markdown(head, body)}")
+            body = [[f"{b}"] + [tables.pct(cells[(p, b)]["hits_shallow"], cells[(p, b)]["n_shallow"])
+                                for p in result["policies"]] for b in result["budgets"]]
+            out.append(f"**{lab}**: needle depth ≤ {result['split_depth']}\n\n{tables.markdown(head, body)}")
+            head = ["policy @ budget"] + [f"depth {d:g}" for d in result["depths"]]
+            body = [[f"{p} @ {b}"] + [tables.pct(cells[(p, b)]["by_depth"][d]["exact"], cells[(p, b)]["by_depth"][d]["n"])
+                                      for d in result["depths"]] for b in result["budgets"] for p in result["policies"]]
+            out.append(f"**{lab}**: by depth\n\n{tables.markdown(head, body)}")
+        return "\n".join(out)
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [plots.policy_bars(result, out_dir / "policies.png")]

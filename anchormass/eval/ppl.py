@@ -1,0 +1,177 @@
+"""(b) Long-sequence perplexity with fixed anchors and paired statistics (SPEC 6 b).
+
+Anchors a_i are drawn once, deterministically: the usable range [max(contexts), N - target_len]
+of the token file is cut into n equal strata and one position is drawn from each with
+`anchor_seed`. They are saved in results.json (and can be pinned with `anchors: [...]`).
+
+Input for context C: tok[a - C : a + target_len]. Target choice (documented, SPEC asks to pick):
+no bos is prepended; the scored targets are the last target_len - 1 tokens tok[a+1 .. a+target_len-1],
+each predicted from everything before it. At C = 0 the first window token tok[a] is context only,
+so exactly the same 1,023 targets are scored at every C.
+
+mode=parallel runs the model's parallel forward; mode=cached feeds the input through the
+inference cache in chunks (the same path as generation; stage 2 may fire for long inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from anchormass.errors import ConfigError, DataError
+from anchormass.eval import plots, tables
+from anchormass.eval.common import OOM, fmt_p, free_memory, gather_logprobs, is_oom, progress, target_logprobs
+from anchormass.eval.stats import paired_nll_by_length
+from anchormass.eval.suite import EvalContext, Suite
+from anchormass.models.rope import ntk_base
+
+
+def draw_anchors(n_tokens: int, lo: int, target_len: int, n: int, seed: int) -> list[int]:
+    """n anchors in [lo, n_tokens - target_len], one per equal stratum: deterministic, spread out."""
+    hi = n_tokens - target_len  # inclusive
+    if hi - lo + 1 < n:
+        raise DataError(f"ppl: token file has {n_tokens} tokens; {n} anchors need contexts of {lo} plus "
+                        f"{target_len} targets each (at least {lo + target_len + n - 1} tokens)")
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(lo, hi + 1, n + 1).astype(np.int64)
+    return [int(rng.integers(edges[i], max(edges[i] + 1, edges[i + 1]))) for i in range(n)]
+
+
+def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, policy=None, budget=None) -> torch.Tensor:
+    """As target_logprobs, but through the inference cache chunk by chunk (RoPE base from the
+    whole input length, as a prefill of that prompt would set it)."""
+    B, P = ids.shape
+    cfg = model.cfg
+    cache = model.new_cache(batch_size=B, policy=policy, budget=budget)
+    cache.rope_base = ntk_base(cfg.rope_theta, P, cfg.original_max_len, cfg.head_dim)
+    out = []
+    for s in range(0, P, chunk):
+        e = min(P, s + chunk)
+        hidden = model.forward_hidden(ids[:, s:e], cache=cache)  # [B, e-s, d]
+        lo, hi = max(s, start), min(e, P - 1)  # rows t predicting ids[t+1], t in [start, P-2]
+        if lo < hi:
+            out.append(gather_logprobs(model.lm_head(hidden[:, lo - s:hi - s]), ids[:, lo + 1:hi + 1]))
+    return torch.cat(out, dim=1)
+
+
+class PplSuite(Suite):
+    name = "ppl"
+
+    def _data_path(self, ctx: EvalContext) -> Path:
+        if self.opt("data"):
+            return Path(str(self.opt("data"))).expanduser()
+        if ctx.data_dir is not None:
+            return Path(ctx.data_dir) / "val.bin"
+        raise ConfigError("ppl needs a token file: eval.ppl.data=<val.bin> or data_dir=<folder>")
+
+    def check(self, ctx: EvalContext) -> None:
+        from anchormass.data.token_file import open_tokens, read_sidecar
+
+        self.contexts = [int(c) for c in self.opt("contexts", [0, 1024, 3072, 7168, 15360, 31744])]
+        self.target_len = int(self.opt("target_len", 1024))
+        if self.target_len < 2 or any(c < 0 for c in self.contexts) or not self.contexts:
+            raise ConfigError("ppl: target_len must be >= 2 and contexts non-empty and >= 0")
+        if self.opt("mode", "parallel") not in ("parallel", "cached"):
+            raise ConfigError(f"ppl.mode must be parallel or cached, got {self.opt('mode')!r}")
+        for c in self.contexts:
+            ctx.check_length("ppl", c + self.target_len)
+        path = self._data_path(ctx)
+        meta = read_sidecar(path)
+        for m in ctx.models:
+            if int(meta["vocab_size"]) > m.config.vocab_size:
+                raise DataError(f"ppl: {path.name} has vocab {meta['vocab_size']} but model '{m.label}' only "
+                                f"{m.config.vocab_size}: data and checkpoint do not match")
+        want = getattr(ctx.tokenizer, "checksum", None)
+        self.tokens = open_tokens(path, tokenizer_checksum=want if meta.get("tokenizer_checksum") else None)
+        ctx.record_data("ppl", path)
+        lo = max(self.contexts)
+        if self.opt("anchors"):
+            self.anchors = [int(a) for a in self.opt("anchors")]
+            bad = [a for a in self.anchors if a < lo or a + self.target_len > len(self.tokens)]
+            if bad:
+                raise DataError(f"ppl: anchors {bad} fall outside [{lo}, {len(self.tokens) - self.target_len}]")
+        else:
+            self.anchors = draw_anchors(len(self.tokens), lo, self.target_len, int(self.opt("n_anchors", 10)),
+                                        int(self.opt("anchor_seed", 0)))
+
+    def _score(self, model, ids: torch.Tensor, c: int) -> torch.Tensor:
+        if self.opt("mode", "parallel") == "cached":
+            return cached_target_logprobs(model, ids, c, int(self.opt("chunk", 1024)),
+                                          self.opt("policy"), self.opt("budget"))
+        return target_logprobs(model, ids, c)
+
+    def run(self, ctx: EvalContext) -> dict:
+        bs = int(self.opt("batch_size", 1))
+        nll: dict[str, dict[int, list[float] | str]] = {m.label: {} for m in ctx.models}
+        steps = [(m, c) for m in ctx.models for c in self.contexts]
+        for m, c in progress(steps, ctx.progress, "ppl"):
+            per_anchor: list[float] = []
+            try:
+                for i in range(0, len(self.anchors), bs):
+                    batch = [self.tokens[a - c:a + self.target_len] for a in self.anchors[i:i + bs]]
+                    ids = torch.as_tensor(np.stack(batch).astype(np.int64), device=ctx.device)
+                    lp = self._score(m.model, ids, c)  # [b, target_len - 1]
+                    per_anchor += (-lp.mean(dim=1)).tolist()
+                nll[m.label][c] = per_anchor
+            except Exception as err:  # OOM at a length is a result, not a crash
+                if not is_oom(err):
+                    raise
+                nll[m.label][c] = OOM
+                free_memory(ctx.device)
+        return self._summarise(ctx, nll)
+
+    def _summarise(self, ctx: EvalContext, nll: dict) -> dict:
+        labels = [m.label for m in ctx.models]
+        rows = []
+        for c in self.contexts:
+            row = {"context": c, "length": c + self.target_len}
+            for lab in labels:
+                v = nll[lab][c]
+                row[lab] = OOM if v == OOM else {"loss": float(np.mean(v)), "ppl": math.exp(float(np.mean(v)))}
+            rows.append(row)
+        out = {"anchors": self.anchors, "targets_per_anchor": self.target_len - 1,
+               "mode": self.opt("mode", "parallel"), "labels": labels, "rows": rows,
+               "items": [{"model": lab, "context": c, "anchor": a, "nll": (OOM if nll[lab][c] == OOM else nll[lab][c][j]),
+                          "ppl": (OOM if nll[lab][c] == OOM else math.exp(nll[lab][c][j]))}
+                         for lab in labels for c in self.contexts for j, a in enumerate(self.anchors)]}
+        if ctx.paired:
+            a, b = labels
+            ok = [c for c in self.contexts if OOM not in (nll[a][c], nll[b][c])]
+            tests = paired_nll_by_length({c: nll[a][c] for c in ok}, {c: nll[b][c] for c in ok})
+            for row in rows:
+                if row["context"] in tests:
+                    row["test"] = tests[row["context"]]
+        out["summary"] = {f"{lab}/ctx{r['context']}/ppl": r[lab]["ppl"] for r in rows for lab in labels
+                          if r[lab] != OOM}
+        return out
+
+    def report(self, result: dict) -> str:
+        labels = result["labels"]
+        head = ["length (prior context)"] + [f"{lab} PPL (loss)" for lab in labels]
+        if len(labels) == 2:
+            head += [f"ΔPPL ({labels[1]} − {labels[0]})", f"{labels[1]} wins (test)"]
+        body = []
+        for r in result["rows"]:
+            cells = [f"{r['length']:,} (prior {r['context']:,})"]
+            cells += [OOM if r[lab] == OOM else f"{r[lab]['ppl']:.2f} ({r[lab]['loss']:.3f})" for lab in labels]
+            if len(labels) == 2:
+                a, b = r[labels[0]], r[labels[1]]
+                cells.append("-" if OOM in (a, b) else f"{b['ppl'] - a['ppl']:+.2f}")
+                t = r.get("test")
+                cells.append("-" if t is None else f"{t['wins_b']} / {t['n']} (p_Holm={fmt_p(t['p_holm'])})")
+            body.append(cells)
+        note = (f"{len(result['anchors'])} anchors, {result['targets_per_anchor']:,} identical target tokens per anchor "
+                f"at every length (no bos; the first window token is context only); mode: {result['mode']}.")
+        if len(labels) == 2:
+            note += (f" Wins: anchors where {labels[1]} has the lower mean NLL; exact two-sided Wilcoxon "
+                     "signed-rank per length, Holm step-down across lengths.")
+        return f"## Long-sequence perplexity\n\n{tables.markdown(head, body)}\n{note}\n"
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [plots.ppl_vs_context(result, out_dir / "ppl_vs_context.png")]
+
+    def scalars(self, result: dict) -> dict[str, float]:
+        return {k: float(v) for k, v in result["summary"].items()}
