@@ -1,0 +1,91 @@
+"""A prepared dataset folder `data/<name>/` and its metadata.
+
+    tokenizer.model          SentencePiece model (tokenizer.py)
+    meta.json                name, kind (pretrain | sft), vocab_size, tokenizer checksum, special ids,
+                             source description, per-split token counts
+    <split>.bin(.json)       uint16 tokens + sidecar, split in {train, val}
+    <split>.mask.bin(.json)  sft only: uint8 loss mask, 1 where the token is a loss target
+    <split>.idx.bin(.json)   sft only: int64 example offsets into <split>.bin (n_examples + 1)
+
+`fingerprint` hashes what defines the data (vocab, tokenizer checksum, names, token counts and
+content hashes of the split's files, all from sidecars) for checkpoints and resume checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anchormass.data.sources import resolve_path
+from anchormass.data.token_file import open_tokens, read_sidecar
+from anchormass.data.tokenizer import Tokenizer
+from anchormass.errors import DataError
+
+KINDS = ("pretrain", "sft")
+
+
+def split_files(kind: str, split: str) -> list[str]:
+    return [f"{split}.bin"] + ([f"{split}.mask.bin", f"{split}.idx.bin"] if kind == "sft" else [])
+
+
+def read_metadata(data_dir: str | Path) -> dict[str, Any]:
+    """meta.json of a prepared folder; `vocab_size` there is what the model's vocab must be."""
+    path = resolve_path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise DataError(f"{resolve_path(data_dir)} is not a prepared dataset (no meta.json); "
+                        f"run scripts/prepare_data.py first")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: invalid JSON ({err.msg})") from err
+    if meta.get("kind") not in KINDS:
+        raise DataError(f"{path}: kind must be one of {KINDS}, got {meta.get('kind')!r}")
+    return meta
+
+
+def fingerprint(data_dir: str | Path, split: str = "train") -> str:
+    root = resolve_path(data_dir)
+    meta = read_metadata(root)
+    parts = {"vocab_size": meta["vocab_size"], "tokenizer_checksum": meta["tokenizer_checksum"], "files": {}}
+    for name in split_files(meta["kind"], split):
+        side = read_sidecar(root / name)
+        parts["files"][name] = {"tokens": side["tokens"], "sha256": side.get("sha256")}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+class PreparedDataset:
+    """Opens and cross-checks one prepared folder: tokenizer checksum, sidecars, sizes, id ranges."""
+
+    def __init__(self, data_dir: str | Path):
+        self.root = resolve_path(data_dir)
+        self.meta = read_metadata(self.root)
+        self.kind = self.meta["kind"]
+        self.vocab_size = int(self.meta["vocab_size"])
+        self.tokenizer = Tokenizer.load(self.root / "tokenizer.model")
+        if self.tokenizer.checksum != self.meta["tokenizer_checksum"]:
+            raise DataError(f"{self.root}: tokenizer.model does not match meta.json (checksum differs)")
+        if self.tokenizer.vocab_size != self.vocab_size:
+            raise DataError(f"{self.root}: tokenizer has {self.tokenizer.vocab_size} pieces, meta.json says "
+                            f"{self.vocab_size}")
+
+    def tokens(self, split: str) -> np.memmap:
+        return open_tokens(self.root / f"{split}.bin", vocab_size=self.vocab_size,
+                           tokenizer_checksum=self.tokenizer.checksum)
+
+    def sft_arrays(self, split: str) -> tuple[np.memmap, np.ndarray]:
+        """(loss mask, example offsets), checked against the split's token file."""
+        n = len(self.tokens(split))
+        mask = open_tokens(self.root / f"{split}.mask.bin", dtype="uint8")
+        offsets = np.asarray(open_tokens(self.root / f"{split}.idx.bin", dtype="int64"))
+        if len(mask) != n:
+            raise DataError(f"{split}.mask.bin has {len(mask)} entries for {n} tokens")
+        if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 2):
+            raise DataError(f"{split}.idx.bin: offsets must rise from 0 to {n} in steps >= 2")
+        return mask, offsets
+
+    def fingerprint(self, split: str = "train") -> str:
+        return fingerprint(self.root, split)

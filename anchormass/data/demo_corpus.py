@@ -1,0 +1,147 @@
+"""The embedded demo corpus (`data=demo`): SYNTHETIC English text from a small grammar.
+
+Deterministic (one `random.Random(seed)`), generated offline in about a second. Built so a tiny
+model learns something measurable in a few CPU minutes and long-context evaluation has signal:
+- narrative filler from a small grammar (local structure a tiny model picks up quickly);
+- facts stated in the text (the code of a coloured object, a person's room, a person's count of
+  things), each asked about later in the same document ("Question: ... Answer: 4821."), at
+  distances from a few sentences to thousands of tokens;
+- one passkey per document at most, in the phrasing of the classic needle test, and the classic
+  filler sentences ("The grass is green. ...") now and then, so the demo tokenizer covers the
+  passkey suite's words;
+- the answer is only predictable from the earlier statement, so answer accuracy / loss on
+  answer tokens measures recall, and it improves with the context the model can use.
+`demo_instructions` makes a small Alpaca-format instruction set from the same world (chat SFT).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterator
+
+NAMES = ("Alice", "Bob", "Carol", "Dan", "Emma", "Frank", "Grace", "Hugo", "Iris", "Jack", "Kate", "Leo",
+         "Mia", "Noah", "Olga", "Paul", "Rosa", "Sam", "Tina", "Victor")
+OBJECTS = ("box", "door", "lamp", "book", "key", "boat", "cup", "chair", "bag", "clock", "coin", "map")
+COLORS = ("red", "blue", "green", "yellow", "white", "black", "brown", "pink", "gray", "orange")
+PLACES = ("garden", "kitchen", "market", "river", "forest", "school", "station", "library", "park", "harbor")
+VERBS = ("found", "moved", "painted", "cleaned", "opened", "carried", "sold", "bought", "washed", "dropped")
+ADJS = ("small", "large", "old", "new", "quiet", "bright", "heavy", "soft")
+THINGS = ("apples", "stamps", "shells", "pencils", "marbles", "tickets")
+TIMES = ("in the morning", "at noon", "in the evening", "at night", "on Monday", "on Friday", "after lunch")
+WEATHER = ("cold", "warm", "windy", "rainy", "sunny", "quiet")
+CLASSIC_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",)
+COUNT_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+class _Fact:
+    """One fact: the sentence that states it, the question about it, its answer."""
+
+    def __init__(self, statement: str, question: str, answer: str):
+        self.statement, self.question, self.answer = statement, question, answer
+
+
+def _new_fact(rng: random.Random, used: set) -> _Fact | None:
+    for _ in range(20):
+        kind = rng.randrange(4)
+        if kind == 3:
+            key = ("passkey",)
+            code = f"{rng.randrange(10000, 100000)}"
+            fact = _Fact(f"The passkey is {code}. Remember it. {code} is the passkey.",
+                         "What is the passkey?", code)
+        elif kind == 0:
+            key = (rng.choice(COLORS), rng.choice(OBJECTS))
+            code = f"{rng.randrange(1000, 10000)}"
+            fact = _Fact(f"The code of the {key[0]} {key[1]} is {code}.",
+                         f"What is the code of the {key[0]} {key[1]}?", code)
+        elif kind == 1:
+            key = (rng.choice(NAMES), "room")
+            room = f"{rng.randrange(100, 1000)}"
+            fact = _Fact(f"{key[0]} lives in room {room}.", f"Which room does {key[0]} live in?", room)
+        else:
+            key = (rng.choice(NAMES), rng.choice(THINGS))
+            n = f"{rng.randrange(2, 100)}"
+            fact = _Fact(f"{key[0]} has {n} {key[1]}.", f"How many {key[1]} does {key[0]} have?", n)
+        if key not in used:  # one value per key within a document, or the answer is ambiguous
+            used.add(key)
+            return fact
+    return None
+
+
+def _filler(rng: random.Random) -> str:
+    kind = rng.randrange(6)
+    if kind == 5:
+        return rng.choice(CLASSIC_FILLER)
+    if kind == 0:
+        return (f"{rng.choice(NAMES)} {rng.choice(VERBS)} a {rng.choice(ADJS)} {rng.choice(COLORS)} "
+                f"{rng.choice(OBJECTS)} in the {rng.choice(PLACES)}.")
+    if kind == 1:
+        a, b = rng.sample(NAMES, 2)
+        return f"{a} walked to the {rng.choice(PLACES)} with {b} {rng.choice(TIMES)}."
+    if kind == 2:
+        return f"The weather was {rng.choice(WEATHER)} {rng.choice(TIMES)}."
+    if kind == 3:
+        start = rng.randrange(0, 6)
+        return f"{rng.choice(NAMES)} counted: {', '.join(COUNT_WORDS[start:start + 4])}."
+    return f"The {rng.choice(COLORS)} {rng.choice(OBJECTS)} was {rng.choice(ADJS)} and {rng.choice(ADJS)}."
+
+
+def demo_document(rng: random.Random, n_sentences: int) -> str:
+    """Paragraphs of filler; new facts now and then; questions about earlier facts (recent or old)."""
+    facts: list[_Fact] = []
+    used: set = set()
+    paragraphs, sentences = [], 0
+    while sentences < n_sentences:
+        para = []
+        for _ in range(rng.randrange(4, 9)):
+            r = rng.random()
+            if r < 0.12 or not facts:
+                fact = _new_fact(rng, used)
+                if fact:
+                    facts.append(fact)
+                    para.append(fact.statement)
+                    continue
+            if r < 0.24 and facts:
+                # half the questions ask about one of the last few facts, half about any earlier one
+                fact = rng.choice(facts[-3:]) if rng.random() < 0.5 else rng.choice(facts)
+                para.append(f"Question: {fact.question} Answer: {fact.answer}.")
+                continue
+            para.append(_filler(rng))
+        paragraphs.append(" ".join(para))
+        sentences += len(para)
+    return "\n".join(paragraphs)
+
+
+def demo_documents(n_docs: int = 340, seed: int = 42, min_sentences: int = 150,
+                   max_sentences: int = 700) -> Iterator[str]:
+    rng = random.Random(seed)
+    for _ in range(n_docs):
+        yield demo_document(rng, rng.randrange(min_sentences, max_sentences + 1))
+
+
+# ------------------------------------------------------------------ instruction set (chat SFT)
+def _instruction(rng: random.Random) -> dict[str, str]:
+    kind = rng.randrange(5)
+    if kind == 0:
+        used: set = set()
+        facts = [f for f in (_new_fact(rng, used) for _ in range(rng.randrange(2, 6))) if f]
+        fact = rng.choice(facts)
+        return {"instruction": fact.question, "input": " ".join(f.statement for f in facts),
+                "output": fact.answer + "."}
+    if kind == 1:
+        a, b = rng.randrange(0, 50), rng.randrange(0, 50)
+        return {"instruction": f"What is {a} plus {b}?", "input": "", "output": f"{a} plus {b} is {a + b}."}
+    if kind == 2:
+        sentence = _filler(rng)
+        return {"instruction": "Repeat the sentence.", "input": sentence, "output": sentence}
+    if kind == 3:
+        names = rng.sample(NAMES, rng.randrange(2, 7))
+        return {"instruction": "How many names are in the list?", "input": ", ".join(names),
+                "output": f"There are {len(names)} names."}
+    words = rng.sample(COLORS, rng.randrange(2, 6))
+    return {"instruction": "Write the words in reverse order.", "input": ", ".join(words),
+            "output": ", ".join(reversed(words)) + "."}
+
+
+def demo_instructions(n: int = 2_000, seed: int = 42) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [_instruction(rng) for _ in range(n)]

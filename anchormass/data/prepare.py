@@ -1,0 +1,198 @@
+"""Build a prepared dataset folder from a data config (`configs/data/<name>.yaml`); see dataset_dir.py.
+
+Kinds:
+- pretrain: documents (sources.py) -> cleaners -> train/val split by document (seeded) ->
+  tokenizer trained on the train documents (or reused) -> train.bin / val.bin, eos after each document.
+- sft: Alpaca records -> the chat template (sft.py) -> tokens + loss mask + offsets; reuses a tokenizer.
+- longctx: retrieval examples over a prepared pretrain folder's train/val tokens (longctx.py); sft layout.
+
+Everything is built in a staging folder beside the target and renamed into place at the end, so a
+failure leaves no partial output and an existing folder is replaced only by a complete one.
+Same config + inputs -> byte-identical files (no timestamps; fixed seeds; SentencePiece seeded).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+from tqdm import tqdm
+
+from anchormass.data import atomic
+from anchormass.data.dataset_dir import PreparedDataset
+from anchormass.data.longctx import LongContextSpec, build_examples
+from anchormass.data.sft import alpaca_records, pack_examples, render_example
+from anchormass.data.sources import iter_documents, iter_records, resolve_path
+from anchormass.data.token_file import TokenWriter, write_tokens
+from anchormass.data.tokenizer import Tokenizer, train_tokenizer
+from anchormass.errors import ConfigError, DataError
+
+_ENCODE_BATCH = 256  # documents per SentencePiece batch call
+
+
+def _split_flags(seed: int, val_fraction: float) -> Callable[[], bool]:
+    """Call once per document, in order: True = val. One seeded stream, so streaming sources work."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    rng = np.random.default_rng(seed)
+    return lambda: bool(rng.random() < val_fraction)
+
+
+def _batched(items: Iterable, n: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
+    tcfg = dict(cfg.get("tokenizer") or {})
+    if tcfg.get("path"):
+        tok = Tokenizer.load(resolve_path(tcfg["path"]))
+        atomic.write_bytes(out / "tokenizer.model", resolve_path(tcfg["path"]).read_bytes())
+        return tok
+    return train_tokenizer(
+        train_texts(), out / "tokenizer.model", int(tcfg.get("vocab_size", 28_000)),
+        model_type=tcfg.get("model_type", "unigram"), character_coverage=float(tcfg.get("character_coverage", 0.9995)),
+        max_sentences=int(tcfg.get("max_sentences", 2_000_000)), seed=int(tcfg.get("seed", 42)),
+        num_threads=int(tcfg.get("num_threads", 1)), hard_vocab_limit=bool(tcfg.get("hard_vocab_limit", True)))
+
+
+def _base_meta(cfg: Mapping[str, Any], kind: str, tok: Tokenizer, source: str) -> dict[str, Any]:
+    return {"name": cfg["name"], "kind": kind, "vocab_size": tok.vocab_size, "tokenizer": "tokenizer.model",
+            "tokenizer_checksum": tok.checksum, "special_ids": tok.special_ids(), "source": source}
+
+
+def _prepare_pretrain(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    src, cleaners = cfg["source"], cfg.get("cleaners")
+    seed, val_fraction = int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05))
+
+    def split_docs(want_val: bool) -> Iterator[str]:
+        docs, _ = iter_documents(src, cleaners)
+        is_val = _split_flags(seed, val_fraction)
+        return (d for d in docs if is_val() == want_val)
+
+    max_docs = (cfg.get("tokenizer") or {}).get("max_docs")
+    tok = _tokenizer(cfg, out, lambda: tqdm(split_docs(False) if not max_docs else
+                                            (d for _, d in zip(range(int(max_docs)), split_docs(False))),
+                                            desc="tokenizer docs", unit="doc", leave=False))
+    docs, desc = iter_documents(src, cleaners)
+    is_val = _split_flags(seed, val_fraction)
+    writers = {s: TokenWriter(out / f"{s}.bin", tok.vocab_size) for s in ("train", "val")}
+    stats = {s: {"documents": 0, "characters": 0} for s in writers}
+    try:
+        for batch in _batched(tqdm(docs, desc="encode", unit="doc"), _ENCODE_BATCH):
+            flags = [is_val() for _ in batch]
+            for text, ids, val in zip(batch, tok.encode_batch(batch), flags):
+                split = "val" if val else "train"
+                writers[split].write(np.asarray(ids + [tok.eos_id], dtype=np.int64))
+                stats[split]["documents"] += 1
+                stats[split]["characters"] += len(text)
+        for split, st in stats.items():
+            if st["documents"] == 0:
+                raise DataError(f"the {split} split got no documents ({sum(s['documents'] for s in stats.values())}"
+                                f" in the corpus, val_fraction {val_fraction}); the corpus is empty or too small")
+        sides = {s: w.finish({"tokenizer_checksum": tok.checksum, "source": desc, "split": s})
+                 for s, w in writers.items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    for s, st in stats.items():
+        st["tokens"] = sides[s]["tokens"]
+        st["chars_per_token"] = round(st["characters"] / max(1, st["tokens"]), 4)
+    return {**_base_meta(cfg, "pretrain", tok, desc), "splits": stats}
+
+
+def _write_sft_split(out: Path, split: str, examples, tok: Tokenizer, extra: dict, max_tokens=None) -> dict:
+    tokens, mask, offsets, dropped = pack_examples(examples, max_tokens)
+    side = {"tokenizer_checksum": tok.checksum, "split": split, **extra}
+    write_tokens(out / f"{split}.bin", tokens, tok.vocab_size, side)
+    write_tokens(out / f"{split}.mask.bin", mask, 2, {"split": split}, dtype="uint8")
+    write_tokens(out / f"{split}.idx.bin", offsets, len(tokens) + 1, {"split": split}, dtype="int64")
+    return {"examples": len(offsets) - 1, "tokens": len(tokens), "loss_tokens": int(mask.sum()),
+            "dropped_too_long": dropped}
+
+
+def _need_tokenizer(cfg: Mapping[str, Any], out: Path) -> Tokenizer:
+    if not (cfg.get("tokenizer") or {}).get("path"):
+        raise ConfigError(f"data '{cfg['name']}': tokenizer.path is required (the pretraining tokenizer)")
+    return _tokenizer(cfg, out, lambda: [])
+
+
+def _prepare_sft(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    tok = _need_tokenizer(cfg, out)
+    rows, desc = iter_records(cfg["source"])
+    is_val = _split_flags(int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05)))
+    system = cfg.get("system")
+    split = {"train": [], "val": []}
+    for rec in tqdm(alpaca_records(rows, cfg.get("fields")), desc="render", unit="example"):
+        ex = render_example(tok, rec["instruction"], rec["input"], rec["output"], system)
+        split["val" if is_val() else "train"].append(ex)
+    for name, exs in split.items():
+        if not exs:
+            raise DataError(f"the {name} split got no instruction examples (empty or too small input)")
+    max_tokens = cfg.get("max_tokens")
+    splits = {name: _write_sft_split(out, name, exs, tok, {"source": desc}, max_tokens) for name, exs in split.items()}
+    return {**_base_meta(cfg, "sft", tok, desc), "template": "chat-v1 (anchormass.data.sft)", "system": system,
+            "splits": splits}
+
+
+def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    lcfg = dict(cfg.get("longctx") or {})
+    src_dir = lcfg.pop("source_dir", None)
+    if not src_dir:
+        raise ConfigError(f"data '{cfg['name']}': longctx.source_dir (a prepared pretrain folder) is required")
+    counts = {"train": int(lcfg.pop("n_train", 256)), "val": int(lcfg.pop("n_val", 32))}
+    seed = int(lcfg.pop("seed", 42))
+    spec = LongContextSpec(**lcfg)
+    source = PreparedDataset(src_dir)
+    tok = source.tokenizer
+    atomic.write_bytes(out / "tokenizer.model", (source.root / "tokenizer.model").read_bytes())
+    desc = f"long-context retrieval over {src_dir} ({spec.n_facts} facts of {list(spec.kinds)}, {spec.length} tokens)"
+    splits = {}
+    for i, (name, n) in enumerate(counts.items()):
+        examples = tqdm(build_examples(source.tokens(name), tok, spec, n, seed + 1000 * i), total=n,
+                        desc=f"longctx {name}", unit="example")
+        splits[name] = _write_sft_split(out, name, examples, tok, {"source": desc})
+    spec_meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(spec).items()}
+    return {**_base_meta(cfg, "sft", tok, desc), "longctx": {**spec_meta, "seed": seed}, "splits": splits}
+
+
+_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx}
+
+
+def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Prepare the dataset `cfg` describes into cfg.out_dir (default data/<name>); returns (folder, meta)."""
+    kind = cfg.get("kind", "pretrain")
+    if kind not in _KINDS:
+        raise ConfigError(f"data kind must be one of {sorted(_KINDS)}, got {kind!r}")
+    if not cfg.get("name"):
+        raise ConfigError("data config needs a name")
+    out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    t0 = time.perf_counter()
+    try:
+        meta = _KINDS[kind](cfg, staging)
+        atomic.write_json(staging / "meta.json", meta)
+        PreparedDataset(staging)  # re-open and check everything we wrote
+        os.chmod(staging, 0o777 & ~atomic._umask())  # mkdtemp makes it 0700
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    meta["seconds"] = round(time.perf_counter() - t0, 2)  # reported, not written (files stay identical)
+    return out, meta

@@ -1,0 +1,173 @@
+"""Read a corpus as a stream of documents through `datasets` (SPEC 4).
+
+A source is a mapping from the data config (`configs/data/*.yaml`, key `source`):
+
+    kind: files          # files | hub | demo | demo_chat (generated corpora: `params` for the generator)
+    paths: [a.txt]       # files: paths or globs (relative to the repo root or absolute)
+    format: null         # files: text | json | parquet; null = from the extension (.txt .jsonl .json .parquet)
+    json_field: null     # json: the top-level key holding the records (e.g. "data" in SQuAD files)
+    text_field: text     # column; a dotted path descends into nested records, lists are flattened
+                         # ("paragraphs.context": every paragraph's context is one document)
+    txt_mode: document   # text: document (a file is one document) | paragraph | line
+    name: null           # hub: dataset name; config_name, split (train), streaming (false)
+    limit: null          # at most this many documents
+    chunk_chars: null    # cut longer documents at line ends into pieces of about this many characters
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from anchormass.data.cleaners import clean, get_cleaners
+from anchormass.errors import ConfigError, DataError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_EXT_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_SAMPLE_BY = {"document": "document", "paragraph": "paragraph", "line": "line"}
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    """Relative paths in configs are relative to the repo root (Hydra may change the cwd)."""
+    p = Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _expand(paths: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for pattern in paths:
+        full = str(resolve_path(pattern))
+        hits = sorted(glob.glob(full)) if glob.has_magic(full) else ([full] if os.path.isfile(full) else [])
+        if not hits:
+            raise DataError(f"corpus file not found: {pattern}")
+        out.extend(hits)
+    return out
+
+
+def _format_of(paths: list[str], fmt: str | None) -> str:
+    if fmt:
+        if fmt not in ("text", "json", "parquet"):
+            raise ConfigError(f"source.format must be text, json or parquet, got {fmt!r}")
+        return fmt
+    kinds = {_EXT_FORMAT.get(Path(p).suffix.lower()) for p in paths}
+    if None in kinds or len(kinds) != 1:
+        raise ConfigError(f"cannot tell the format of {paths} from their extensions; set source.format")
+    return kinds.pop()
+
+
+def _walk(record: Any, parts: list[str], field: str) -> Iterator[str]:
+    """Yield the strings at dotted path `parts` inside `record`, flattening lists on the way."""
+    if isinstance(record, list):
+        for item in record:
+            yield from _walk(item, parts, field)
+        return
+    if not parts:
+        if record is None:
+            return
+        if not isinstance(record, str):
+            raise DataError(f"text field '{field}' holds {type(record).__name__}, not text")
+        yield record
+        return
+    if not isinstance(record, Mapping) or parts[0] not in record:
+        have = sorted(record) if isinstance(record, Mapping) else type(record).__name__
+        raise DataError(f"text field '{field}' not found (at '{parts[0]}'; available: {have})")
+    yield from _walk(record[parts[0]], parts[1:], field)
+
+
+def _chunk(doc: str, max_chars: int) -> Iterator[str]:
+    """Cut at line ends into pieces of about max_chars (a line longer than that stays whole)."""
+    piece: list[str] = []
+    size = 0
+    for line in doc.split("\n"):
+        if piece and size + len(line) > max_chars:
+            yield "\n".join(piece).strip()
+            piece, size = [], 0
+        piece.append(line)
+        size += len(line) + 1
+    if piece and "\n".join(piece).strip():
+        yield "\n".join(piece).strip()
+
+
+def _load(src: Mapping[str, Any]):
+    """A datasets Dataset / IterableDataset and a one-line description of where it came from."""
+    import datasets
+
+    datasets.disable_progress_bars()  # our own tqdm reports documents; datasets' bars are noise here
+    kind = src.get("kind", "files")
+    try:
+        if kind == "files":
+            paths = _expand(src.get("paths") or [])
+            if not paths:
+                raise ConfigError("source.paths is empty")
+            fmt = _format_of(paths, src.get("format"))
+            kwargs: dict[str, Any] = {}
+            if fmt == "text":
+                mode = src.get("txt_mode", "document")
+                if mode not in _SAMPLE_BY:
+                    raise ConfigError(f"source.txt_mode must be one of {sorted(_SAMPLE_BY)}, got {mode!r}")
+                kwargs["sample_by"] = _SAMPLE_BY[mode]
+            if fmt == "json" and src.get("json_field"):
+                kwargs["field"] = src["json_field"]
+            ds = datasets.load_dataset(fmt, data_files=paths, split="train", **kwargs)
+            names = ", ".join(os.path.relpath(p, REPO_ROOT) if p.startswith(str(REPO_ROOT)) else p for p in paths)
+            return ds, f"files[{fmt}]: {names}"
+        if kind == "hub":
+            if not src.get("name"):
+                raise ConfigError("source.name (a hub dataset) is required for kind=hub")
+            ds = datasets.load_dataset(src["name"], src.get("config_name"), split=src.get("split", "train"),
+                                       streaming=bool(src.get("streaming", False)))
+            return ds, f"hub: {src['name']}" + (f"/{src['config_name']}" if src.get("config_name") else "") + \
+                f" split={src.get('split', 'train')}"
+    except (ConfigError, DataError):
+        raise
+    except Exception as err:  # datasets raises many types (FileNotFoundError, ConnectionError, ArrowInvalid, ...)
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(f"cannot read corpus ({type(err).__name__}): {msg[:300]}") from err
+    raise ConfigError(f"source.kind must be files, hub or demo, got {kind!r}")
+
+
+def iter_documents(src: Mapping[str, Any], cleaners: list[str] | str | None = None) -> tuple[Iterator[str], str]:
+    """(documents, description): read, clean (whole documents, so e.g. the Aozora header is seen),
+    then cut into chunks and limit. Empty / whitespace-only documents are skipped."""
+    cleaner_fns = get_cleaners(cleaners)
+    if src.get("kind") == "demo":
+        from anchormass.data.demo_corpus import demo_documents
+
+        docs: Iterable[str] = demo_documents(**(src.get("params") or {}))
+        desc = f"demo corpus (synthetic) {dict(src.get('params') or {})}"
+    else:
+        ds, desc = _load(src)
+        field = src.get("text_field", "text")
+        parts = field.split(".")
+        columns = getattr(ds, "column_names", None)
+        if columns is not None and parts[0] not in columns:
+            raise DataError(f"text field '{field}' not found; columns are {columns}")
+        docs = (text for rec in ds for text in _walk(rec, parts, field))
+    if cleaner_fns:
+        docs = (clean(d, cleaner_fns) for d in docs)
+        desc += f" cleaners={list(cleaners) if not isinstance(cleaners, str) else [cleaners]}"
+    chunk_chars = src.get("chunk_chars")
+    if chunk_chars:
+        docs = (piece for doc in docs for piece in _chunk(doc, int(chunk_chars)))
+    docs = (d for d in docs if d.strip())
+    if src.get("limit"):
+        docs = itertools.islice(docs, int(src["limit"]))
+    return docs, desc
+
+
+def iter_records(src: Mapping[str, Any]) -> tuple[Iterator[Mapping[str, Any]], str]:
+    """(rows, description) for record data such as Alpaca instruction sets; kind `demo_chat`
+    generates the demo instruction set."""
+    if src.get("kind") == "demo_chat":
+        from anchormass.data.demo_corpus import demo_instructions
+
+        params = dict(src.get("params") or {})
+        return iter(demo_instructions(**params)), f"demo instructions (synthetic) {params}"
+    ds, desc = _load(src)
+    rows: Iterator[Mapping[str, Any]] = iter(ds)
+    if src.get("limit"):
+        rows = itertools.islice(rows, int(src["limit"]))
+    return rows, desc

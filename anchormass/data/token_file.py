@@ -1,0 +1,131 @@
+"""Flat uint16 token files with a JSON sidecar (SPEC 4), and the reader that checks them.
+
+`<name>.bin` holds token ids back to back (documents separated by eos); `<name>.bin.json` says
+what they are: dtype, token count, vocab size, tokenizer checksum, source description and the
+sha256 of the .bin (computed while writing, so fingerprints never re-read gigabytes).
+Loss-mask files (`<name>.mask.bin`, uint8, one byte per token) use the same writer/reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from anchormass.data import atomic
+from anchormass.errors import DataError
+
+TOKEN_DTYPE = "uint16"
+_CHECK_CHUNK = 1 << 24  # tokens per chunk when scanning ids (bounded memory on multi-GB files)
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    return Path(f"{path}.json")
+
+
+class TokenWriter:
+    """Append arrays of ids to `path`; `finish(meta)` writes the sidecar and moves both into place.
+
+    Ids are checked against `vocab_size` as they arrive. If `finish` is never reached (an error,
+    a crash) nothing appears at `path`: data goes to a temp file in the same folder first."""
+
+    def __init__(self, path: str | os.PathLike, vocab_size: int, dtype: str = TOKEN_DTYPE):
+        self.path, self.vocab_size, self.dtype = Path(path), int(vocab_size), dtype
+        self._file = atomic.AtomicFile(self.path)
+        self._fh = open(self._file.tmp, "wb")
+        self._digest, self.count = hashlib.sha256(), 0
+
+    def write(self, ids) -> None:
+        arr = np.asarray(ids)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            bad = int(arr.max()) if arr.max() >= self.vocab_size else int(arr.min())
+            self.abort()
+            raise DataError(f"{self.path.name}: id {bad} outside [0, {self.vocab_size})")
+        data = arr.astype(self.dtype, copy=False).tobytes()
+        self._digest.update(data)
+        self._fh.write(data)
+        self.count += arr.size
+
+    def finish(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._fh.close()
+        if self.count == 0:
+            self.abort()
+            raise DataError(f"{self.path.name}: no tokens to write (empty corpus or split)")
+        side = {**(meta or {}), "vocab_size": self.vocab_size, "dtype": self.dtype, "tokens": self.count,
+                "sha256": self._digest.hexdigest(), "file": self.path.name}
+        # Two renames are not one atomic step; prepare_data builds a whole dataset folder in a
+        # staging folder and renames that, so a crash never leaves a mixed pair in data/<name>.
+        atomic.write_json(sidecar_path(self.path), side)
+        self._file.commit()
+        return side
+
+    def abort(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        self._file.discard()
+
+
+def write_tokens(path: str | os.PathLike, ids, vocab_size: int, meta: dict[str, Any] | None = None,
+                 dtype: str = TOKEN_DTYPE) -> dict[str, Any]:
+    """Write one array (or an iterable of arrays) of ids plus its sidecar; returns the sidecar."""
+    writer = TokenWriter(path, vocab_size, dtype)
+    try:
+        single = isinstance(ids, np.ndarray) or (isinstance(ids, list) and bool(ids) and np.isscalar(ids[0]))
+        for chunk in ([ids] if single else ids):
+            writer.write(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish(meta)
+
+
+def read_sidecar(path: str | os.PathLike) -> dict[str, Any]:
+    side = sidecar_path(path)
+    if not Path(path).is_file():
+        raise DataError(f"token file not found: {path}")
+    if not side.is_file():
+        raise DataError(f"token file {path} has no metadata sidecar {side.name}")
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"metadata {side} is not valid JSON ({err.msg if hasattr(err, 'msg') else err})") from err
+    for key in ("dtype", "tokens", "vocab_size"):
+        if key not in meta:
+            raise DataError(f"metadata {side} lacks '{key}'")
+    return meta
+
+
+def open_tokens(path: str | os.PathLike, *, vocab_size: int | None = None, tokenizer_checksum: str | None = None,
+                check_ids: bool = True, dtype: str = TOKEN_DTYPE) -> np.memmap:
+    """Memory-map a token file after checking it against its sidecar (and the caller's expectations).
+
+    Rejects: missing file/sidecar, dtype other than `dtype`, size != tokens * itemsize, a vocab size
+    or tokenizer checksum different from the caller's, ids >= the sidecar's vocab size."""
+    meta = read_sidecar(path)
+    name = Path(path).name
+    if meta["dtype"] != dtype:
+        raise DataError(f"{name}: metadata says dtype {meta['dtype']}, expected {dtype}")
+    itemsize = np.dtype(dtype).itemsize
+    size = os.path.getsize(path)
+    if size != int(meta["tokens"]) * itemsize:
+        raise DataError(f"{name}: {size} bytes but metadata says {meta['tokens']} tokens x {itemsize} bytes "
+                        f"(truncated or mis-sized file)")
+    if vocab_size is not None and int(meta["vocab_size"]) != int(vocab_size):
+        raise DataError(f"{name}: vocab size {meta['vocab_size']} does not match the expected {vocab_size}")
+    if tokenizer_checksum is not None and meta.get("tokenizer_checksum") != tokenizer_checksum:
+        raise DataError(f"{name}: made with a different tokenizer (checksum {str(meta.get('tokenizer_checksum'))[:12]}"
+                        f" vs {tokenizer_checksum[:12]})")
+    if size == 0:
+        raise DataError(f"{name}: empty token file")
+    arr = np.memmap(path, dtype=dtype, mode="r")
+    if check_ids:
+        limit = int(meta["vocab_size"])
+        for start in range(0, arr.size, _CHECK_CHUNK):
+            top = int(arr[start:start + _CHECK_CHUNK].max())
+            if top >= limit:
+                raise DataError(f"{name}: token id {top} >= vocab size {limit}")
+    return arr
