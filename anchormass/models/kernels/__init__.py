@@ -1,0 +1,1 @@
+"""Inner attention kernels for the AnchorMass parallel path: exact block-wise SDPA and FlexAttention."""

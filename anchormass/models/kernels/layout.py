@@ -1,0 +1,38 @@
+"""Index arithmetic of the SPEC 2.2 global layout, shared by the kernels.
+
+Positions 0..S-1 are sinks; position t >= S lies in block (t - S) // C. Sinks are given
+block -1 so "slot block < query block" and "same block" tests work for every position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from anchormass.models.compression import compress_blocks
+from anchormass.models.config import ModelConfig
+
+
+def block_of(pos: torch.Tensor, n_sinks: int, block_size: int) -> torch.Tensor:
+    """Block index of each position; -1 for sink positions."""
+    return torch.where(pos >= n_sinks, torch.div(pos - n_sinks, block_size, rounding_mode="floor"), -1)
+
+
+def slot_log_mass(slot_mass: torch.Tensor, mass_bias: bool) -> torch.Tensor:
+    """Additive logit term per slot, fp32: log(mass), or 0 when the bias is ablated; -inf for mass 0."""
+    mass = slot_mass.float()
+    if mass_bias:
+        return mass.log()  # log(0) = -inf: absent slots vanish from the softmax
+    return torch.where(mass > 0, 0.0, float("-inf")).to(mass.dtype)
+
+
+def global_slots(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig):
+    """Slots of every complete block of k, v [B, Hg, T, D] (sinks excluded).
+
+    Returns (n_sink, slot_k, slot_v, slot_log_mass [B, n_slots] fp32).
+    """
+    t = k.shape[2]
+    n_sink = min(cfg.n_sinks, t)
+    n_blocks = (t - n_sink) // cfg.block_size
+    end = n_sink + n_blocks * cfg.block_size
+    slot_k, slot_v, slot_mass = compress_blocks(k[:, :, n_sink:end], v[:, :, n_sink:end], cfg)
+    return n_sink, slot_k, slot_v, slot_log_mass(slot_mass, cfg.mass_bias)

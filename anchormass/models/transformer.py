@@ -1,0 +1,108 @@
+"""The decoder-only language model shared by both architectures (SPEC 1).
+
+embedding -> n_layers x [x + attn(norm(x)); x + ffn(norm(x))] -> final norm -> untied lm_head.
+The attention class is picked by `cfg.arch`; everything else is identical, so the two models
+have exactly the same parameters.
+
+Init: every weight matrix ~ N(0, init_std); the two residual output projections (attention
+o_proj, FFN w2) use init_std / sqrt(2 * n_layers) so the residual stream's variance does not
+grow with depth (GPT-2 style). Norm weights start at 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from anchormass.errors import DataError
+from anchormass.models.attention_anchormass import AnchorMassAttention
+from anchormass.models.attention_standard import StandardAttention
+from anchormass.models.config import ModelConfig
+from anchormass.models.layers import RMSNorm, SwiGLU
+from anchormass.models.rope import ntk_base, positions_for, rope_cos_sin
+
+ATTENTION = {"standard": StandardAttention, "anchormass": AnchorMassAttention}
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = ATTENTION[cfg.arch](cfg, layer_idx)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg.d_model, cfg.ffn_dim)
+
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)  # RMSNorm weights
+            elif name.endswith(("o_proj.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, resid_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    # ---------------------------------------------------------------- forward
+    def rope(self, t: int, device: torch.device, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, D] for this forward's positions, shared by every layer.
+
+        Parallel path: base from the sequence length. With a cache: the session base, fixed on
+        the first forward (from that chunk's length unless the caller set it from the prompt).
+        """
+        cfg = self.cfg
+        if cache is None:
+            start, base = 0, ntk_base(cfg.rope_theta, t, cfg.original_max_len, cfg.head_dim)
+        else:
+            if cache.rope_base is None:
+                cache.rope_base = ntk_base(cfg.rope_theta, t, cfg.original_max_len, cfg.head_dim)
+            start, base = cache.seen_tokens, cache.rope_base
+        return rope_cos_sin(positions_for(start, t, device), base, cfg.head_dim, device)
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, d_model] (training takes a chunked loss from these)."""
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32):
+            raise DataError(f"input_ids must be an integer tensor [batch, seq], got {tuple(input_ids.shape)} "
+                            f"{input_ids.dtype}")
+        if input_ids.numel() and not torch.compiler.is_compiling():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise DataError(f"token id {hi if hi >= self.cfg.vocab_size else lo} is outside the "
+                                f"vocabulary [0, {self.cfg.vocab_size})")
+        t = input_ids.shape[1]
+        x = self.embed(input_ids)  # [B, T, d]
+        cos, sin = self.rope(t, input_ids.device, cache)
+        for block in self.blocks:
+            x = block(x, cos, sin, cache)
+        if cache is not None:
+            cache.advance(t)
+        return self.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """LongTensor [B, T] -> logits [B, T, vocab]. With `cache`, the chunk is appended to it."""
+        return self.lm_head(self.forward_hidden(input_ids, cache))
+
+    # ---------------------------------------------------------------- inference
+    def new_cache(self, batch_size: int = 1, policy=None, budget=None, dtype: torch.dtype | None = None):
+        """A fresh session cache on this model's device (dtype: the parameters' unless given)."""
+        from anchormass.cache import make_cache
+
+        p = next(self.parameters())
+        return make_cache(self.cfg, batch_size=batch_size, policy=policy, budget=budget,
+                          device=p.device, dtype=dtype or p.dtype)
