@@ -8,34 +8,22 @@ A checkpoint is a Lightning `.ckpt` (docs/architecture.md): `hyper_parameters` h
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from anchormass.data.atomic import atomic_path
 from anchormass.errors import CheckpointError
 
 STATE_PREFIX = "model."
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save to a temp file in the same folder, fsync, then os.replace: a reader (or a
-    crash) never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """torch.save through a temp file + os.replace: a reader (or a crash) never sees half a file."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,0 +1,76 @@
+"""The LightningModule: one language model, next-token loss (SFT masks via -100 targets), AdamW.
+
+Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_config`,
+`trained_lengths`, `tokenizer_path`, `data_fingerprint`, plus the optimiser and stage settings
+that make a resume reproduce the same schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from anchormass.models.config import ModelConfig
+from anchormass.training.loss import IGNORE_INDEX, chunked_cross_entropy
+from anchormass.training.optim import build_optimizer
+
+DEFAULT_OPTIM = dict(lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, warmup_steps=0, min_lr_ratio=0.1)
+
+
+class LitLanguageModel(L.LightningModule):
+    def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict | None = None,
+                 trained_lengths: list[int] | None = None, tokenizer_path: str | None = None,
+                 data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024):
+        super().__init__()
+        cfg = ModelConfig.from_dict(model_config)
+        trained = sorted(set(trained_lengths or []) | {int(seq_len)})
+        # RoPE's dynamic NTK measures prompts against the longest length trained so far (SPEC 1).
+        cfg = cfg.replace(original_max_len=max(trained))
+        self.save_hyperparameters(dict(
+            model_config=cfg.to_dict(), total_steps=int(total_steps), seq_len=int(seq_len),
+            optim={**DEFAULT_OPTIM, **(optim or {})}, trained_lengths=trained,
+            tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
+            data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk)))
+        from anchormass.models import build_model
+
+        self.model = build_model(cfg)
+        self.model_cfg = cfg
+
+    # ------------------------------------------------------------------ loss
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def compute_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean CE over non-ignored targets, their count) for {"input_ids", "targets"} [b, T]."""
+        ids, targets = batch["input_ids"], batch["targets"]
+        if hasattr(self.model, "forward_hidden"):
+            hidden = self.model.forward_hidden(ids)  # [b, T, D]
+            return chunked_cross_entropy(hidden, self.model.lm_head, targets, self.hparams.loss_chunk)
+        logits = self.model(ids)  # [b, T, V]; only for models without forward_hidden
+        n = (targets != IGNORE_INDEX).sum()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum") / n.clamp(min=1)
+        return loss, n
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, n_tokens = self.compute_loss(batch)
+        multi = self.trainer.world_size > 1
+        self.log("train/loss", loss, prog_bar=True, sync_dist=multi)
+        self.log("train/target_tokens", n_tokens.float(), reduce_fx="sum", sync_dist=multi)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _ = self.compute_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
+        return loss
+
+    # ------------------------------------------------------------------ optimiser
+    def configure_optimizers(self):
+        o = self.hparams.optim
+        opt, sched = build_optimizer(
+            self.model, lr=o["lr"], weight_decay=o["weight_decay"], betas=o["betas"], eps=o["eps"],
+            warmup_steps=o["warmup_steps"], total_steps=self.hparams.total_steps, min_lr_ratio=o["min_lr_ratio"])
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}

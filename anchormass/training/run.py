@@ -1,0 +1,177 @@
+"""The train function behind train.py: check inputs, build module/data/trainer, fit.
+
+Stage chaining: `init_from=<ckpt>` copies weights only and carries `trained_lengths`;
+`ckpt_path=<ckpt>` (or `last`) resumes exactly: weights, optimizer, scheduler, loop counters,
+data position and RNG state all come from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from omegaconf import DictConfig, OmegaConf
+
+from anchormass.data.atomic import write_json
+from anchormass.data.dataset_dir import fingerprint, read_metadata
+from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.models.config import load_model_config
+from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
+from anchormass.training.lit_module import LitLanguageModel
+
+RESUME_KEYWORDS = ("last", "hpc", "registry")
+RESULT_FILE = "train_result.json"
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """Create the run folder and prove it is writable now, not after an hour of training."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write_probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
+    return path
+
+
+def data_metadata(data_dir: str | os.PathLike) -> dict:
+    """The prepared dataset's meta.json (vocab size, kind, tokenizer checksum, ...)."""
+    if not Path(data_dir).is_dir():
+        raise DataError(f"no prepared data folder {data_dir}; run: python scripts/prepare_data.py data=<name>")
+    return read_metadata(data_dir)
+
+
+def resolve_model_config(cfg: DictConfig, meta: dict):
+    """The model preset with its vocab taken from the prepared data (the demo vocab is small)."""
+    model_cfg = load_model_config(cfg.model)
+    vocab = meta.get("vocab_size")
+    if cfg.get("vocab_from_data", True) and vocab:
+        model_cfg = model_cfg.replace(vocab_size=int(vocab))
+    return model_cfg
+
+
+def accumulation(stage: DictConfig, world_size: int) -> int:
+    """Micro-batches per optimizer step: the fewest A with global = micro x devices x A and
+    micro <= stage.micro_batch_size (the largest per-device batch that fits in memory)."""
+    g, cap = int(stage.global_batch_size), int(stage.micro_batch_size)
+    if g % world_size:
+        raise ConfigError(f"stage.global_batch_size={g} cannot be split evenly over {world_size} devices")
+    for acc in range(1, g // world_size + 1):
+        if (g // world_size) % acc == 0 and g // (world_size * acc) <= cap:
+            return acc
+    raise ConfigError(f"stage.micro_batch_size must be >= 1, got {cap}")
+
+
+def cap_devices(trainer_cfg: DictConfig, stage: DictConfig) -> None:
+    """A stage whose global batch is smaller than the device count (stage 2: 2 x 4,096) runs on
+    as many devices as it has sequences; the batches themselves do not change."""
+    devices, g = trainer_cfg.get("devices", 1), int(stage.global_batch_size)
+    if isinstance(devices, int) and devices > 1 and int(trainer_cfg.get("num_nodes", 1)) == 1 and devices > g:
+        print(f"note: stage {stage.name} has global batch {g}: using {g} of {devices} devices")
+        trainer_cfg.devices = g
+
+
+def world_size_of(trainer_cfg: DictConfig) -> int:
+    devices = trainer_cfg.get("devices", 1)
+    if isinstance(devices, int):
+        n = devices
+    elif isinstance(devices, str) and devices.isdigit():
+        n = int(devices)
+    elif isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        n = len(devices)
+    else:  # "auto" / -1: whatever Lightning finds; resolved after the trainer exists
+        n = -1
+    return n * int(trainer_cfg.get("num_nodes", 1)) if n > 0 else -1
+
+
+def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
+    cap_devices(cfg.trainer, cfg.stage)
+    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    tcfg.pop("_target_", None)
+    world = world_size_of(cfg.trainer)
+    if world < 0:
+        raise ConfigError("trainer.devices must be a count or a list of devices (the global batch is split by it)")
+    tcfg.pop("peak_tflops", None)  # read by the Throughput callback, not a Trainer argument
+    strategy = tcfg.pop("strategy", "auto")
+    if isinstance(strategy, dict):
+        strategy = instantiate(strategy)
+    logger = instantiate(cfg.logger) if cfg.get("logger") else False
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if not logger:  # LearningRateMonitor refuses to run without a logger
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    accumulate = accumulation(cfg.stage, world)
+    return L.Trainer(
+        **tcfg,
+        strategy=strategy,
+        default_root_dir=str(out),
+        max_steps=int(cfg.stage.total_steps),
+        max_epochs=-1,
+        accumulate_grad_batches=accumulate,
+        # Validation every N optimizer steps; Lightning counts micro-batches here.
+        val_check_interval=int(cfg.stage.val_every) * accumulate,
+        check_val_every_n_epoch=None,
+        limit_val_batches=int(cfg.stage.val_batches),
+        # The data sampler slices each global batch by rank itself (SPEC 4).
+        use_distributed_sampler=False,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=[AtomicCheckpointIO()] if not _is_fsdp(strategy) else None,
+    )
+
+
+def _is_fsdp(strategy: Any) -> bool:
+    return "fsdp" in (strategy if isinstance(strategy, str) else type(strategy).__name__).lower()
+
+
+def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageModel:
+    trained_lengths: list[int] = []
+    init_ckpt = None
+    resume = cfg.get("ckpt_path")
+    if resume and str(resume) not in RESUME_KEYWORDS:
+        # Resume: the checkpoint's own lengths (and thus RoPE original_max_len) stay authoritative.
+        trained_lengths = list(read_checkpoint(resume)["hyper_parameters"].get("trained_lengths", []))
+    elif cfg.get("init_from"):
+        init_ckpt = read_checkpoint(cfg.init_from)
+        trained_lengths = list(init_ckpt["hyper_parameters"].get("trained_lengths", []))
+    model_cfg = resolve_model_config(cfg, meta)
+    tokenizer = data_dir / "tokenizer.model"
+    module = LitLanguageModel(
+        model_config=model_cfg.to_dict(), total_steps=cfg.stage.total_steps, seq_len=cfg.stage.seq_len,
+        optim=OmegaConf.to_container(cfg.optim, resolve=True), trained_lengths=trained_lengths,
+        tokenizer_path=str(tokenizer) if tokenizer.is_file() else None,
+        data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
+        loss_chunk=int(cfg.stage.get("loss_chunk", 1024)))
+    if init_ckpt is not None:
+        load_weights(module.model, init_ckpt, cfg.init_from)
+    return module
+
+
+def train(cfg: DictConfig) -> dict:
+    """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
+    resume = cfg.get("ckpt_path")
+    if resume and str(resume) not in RESUME_KEYWORDS and not Path(resume).is_file():
+        raise CheckpointError(f"ckpt_path not found: {resume}")
+    if cfg.get("init_from") and not Path(cfg.init_from).is_file():
+        raise CheckpointError(f"init_from checkpoint not found: {cfg.init_from}")
+    data_dir = Path(cfg.data_dir)
+    meta = data_metadata(data_dir)
+    out = check_output_dir(cfg.output_dir)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    module = build_module(cfg, data_dir, meta)
+    datamodule = instantiate(cfg.stage.datamodule)
+    trainer = build_trainer(cfg, out)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    last = next((cb.last_model_path for cb in trainer.checkpoint_callbacks if cb.last_model_path), None)
+    result = {"output_dir": str(out), "last_checkpoint": last, "metrics": metrics,
+              "global_step": trainer.global_step, "total_steps": int(cfg.stage.total_steps),
+              "stage": str(cfg.stage.name), "model": module.model_cfg.name}
+    if trainer.is_global_zero:
+        write_json(out / RESULT_FILE, result)  # the curriculum reads this to know a stage is done
+    return result

@@ -1,0 +1,95 @@
+"""Run a whole training curriculum for both models, then the comparison report.
+
+    python scripts/run_curriculum.py                      # the miniature (configs/curriculum/mini.yaml)
+    python scripts/run_curriculum.py curriculum=full_158m trainer=ddp trainer.devices=8
+
+Options: curriculum=<name|path.yaml>, models=<a,b>, runs_root=<dir> (default runs), evaluate=false.
+Every other `key=value` goes to each train.py call. Rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anchormass.cli import exit_on_error  # noqa: E402
+from anchormass.data.atomic import write_json  # noqa: E402
+from anchormass.errors import ConfigError, DataError  # noqa: E402
+from anchormass.training.curriculum import REPO_ROOT, StageRun, execute, load_curriculum, plan  # noqa: E402
+
+OPTIONS = ("curriculum", "models", "runs_root", "evaluate")
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    opts, extra = {}, []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"arguments are key=value, got {arg!r}")
+        (opts.__setitem__(key, value) if key in OPTIONS else extra.append(arg))
+    return opts, extra
+
+
+def prepare_data(names: set[str]) -> None:
+    """Prepare each dataset the curriculum reads if its folder is missing (the demo: seconds)."""
+    for name in sorted(names):
+        if (REPO_ROOT / "data" / name / "train.bin.json").is_file():
+            continue
+        print(f"preparing data/{name} ...", flush=True)
+        rc = subprocess.call([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), f"data={name}"],
+                             cwd=REPO_ROOT)
+        if rc != 0:
+            raise DataError(f"preparing data={name} failed (exit {rc})")
+
+
+def evaluate(cfg, runs: list[StageRun], root: Path) -> list[str]:
+    """The closing comparison: models[0] vs models[1] at each listed stage, via evaluate.py."""
+    if not (REPO_ROOT / "evaluate.py").is_file():
+        print("evaluate.py not found: skipping the comparison report")
+        return []
+    reports = []
+    by_key = {(r.model, r.stage): r for r in runs}
+    for entry in cfg.get("evaluate") or []:
+        a, b = (by_key[(str(m), entry.stage)] for m in cfg.models[:2])
+        out = root / str(cfg.name) / "report" / str(entry.name)
+        cmd = [sys.executable, str(REPO_ROOT / "evaluate.py"), f"ckpt={a.last_ckpt}", f"compare_ckpt={b.last_ckpt}",
+               f"out_dir={out}", "overwrite=true", *list(entry.get("overrides") or [])]
+        print(f"[report] {entry.name}: {' '.join(cmd[2:])}", flush=True)
+        rc = subprocess.call(cmd, cwd=REPO_ROOT)
+        if rc != 0:
+            raise SystemExit(rc)
+        reports.append(str(out / "report.md"))
+    return reports
+
+
+@exit_on_error
+def main(argv: list[str]) -> None:
+    t0 = time.perf_counter()
+    opts, extra = parse(argv)
+    cfg = load_curriculum(opts.get("curriculum", "mini"))
+    if "models" in opts:
+        cfg.models = opts["models"].split(",")
+    root = Path(opts.get("runs_root", "runs"))
+    prepare_data({str(s.get("data", cfg.data)) for s in cfg.stages})
+    runs = plan(cfg, root, extra)
+    summary = execute(runs, log=lambda msg: print(msg, flush=True))
+    reports = evaluate(cfg, runs, root) if opts.get("evaluate", "true").lower() != "false" else []
+    wall = time.perf_counter() - t0
+    write_json(root / str(cfg.name) / "curriculum.json",
+               {"curriculum": str(cfg.name), "wall_time_s": round(wall, 1), "stages": summary, "reports": reports})
+    print(f"\n{'model':<20} {'stage':<14} {'step':>6} {'train loss':>11} {'val loss':>9}")
+    for row in summary:
+        fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"  # noqa: E731
+        print(f"{row['model']:<20} {row['stage']:<14} {row['global_step'] or 0:>6} "
+              f"{fmt(row['train_loss']):>11} {fmt(row['val_loss']):>9}")
+    print(f"curriculum {cfg.name}: {wall:.0f} s; summary {root / str(cfg.name) / 'curriculum.json'}")
+    for r in reports:
+        print(f"report: {r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,29 @@
+"""Train one stage: `python train.py [experiment=...] [model=...] [stage=...] [overrides]`.
+
+Thin Hydra entry point; the work happens in anchormass.training.run.train.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from anchormass.cli import exit_on_error
+from anchormass.training.callbacks import TrainingDiverged
+
+
+@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+@exit_on_error
+def main(cfg: DictConfig) -> None:
+    from anchormass.training.run import train
+
+    try:
+        result = train(cfg)
+    except TrainingDiverged as err:  # not bad input: its own exit code, same one-line style
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(3)
+    print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
+
+
+if __name__ == "__main__":
+    main()
