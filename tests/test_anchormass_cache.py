@@ -1,0 +1,113 @@
+"""AnchorMass cache attention == the dense SPEC 2.2 oracle, chunk by chunk; buffers and accounting."""
+
+import pytest
+import torch
+
+from anchormass.cache import make_cache
+from anchormass.errors import ConfigError
+from anchormass.models.config import load_model_config
+from anchormass.models.reference import reference_anchormass_attention
+
+TINY = load_model_config("anchormass_tiny")
+# Window != block, tiny groups, few sinks: catches mix-ups between the constants.
+ODD = TINY.replace(window=5, block_size=16, group_size=4, n_sinks=3, prefill_chunk=32)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Many tiny ops: one thread is several times faster than two on a shared CI machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def qkv(cfg, batch, t, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, batch, cfg.n_heads, t, cfg.head_dim, generator=g)
+    v = torch.randn(batch, cfg.n_heads, t, cfg.head_dim, generator=g)
+    v[0] = v[0] * 0.05 + 1.0  # sequence 0: near-constant values, few outliers -> per-sequence counts differ
+    return q, k, v
+
+
+def run_chunks(layer, q, k, v, chunk):
+    outs = []
+    for s in range(0, q.shape[2], chunk):
+        piece = slice(s, s + chunk)
+        outs.append(layer.attend(q[:, :, piece], k[:, :, piece], v[:, :, piece]))
+        layer.after_forward()
+    return torch.cat(outs, dim=2)
+
+
+VARIANTS = {"odd": ODD, "no_mass_bias": TINY.replace(mass_bias=False), "no_outliers": ODD.replace(outliers=False),
+            "mean_key": ODD.replace(background_key="mean"), "all_global": TINY.replace(n_local_heads=0, n_global_heads=4)}
+CASES = ([(TINY, t, chunk) for t in (5, 15, 100, 333) for chunk in (1, 7, 64, 1000)]
+         + [(cfg, t, chunk) for cfg in VARIANTS.values() for t in (15, 150) for chunk in (1, 9, 1000)])
+IDS = ([f"tiny-{t}-{c}" for t in (5, 15, 100, 333) for c in (1, 7, 64, 1000)]
+       + [f"{n}-{t}-{c}" for n in VARIANTS for t in (15, 150) for c in (1, 9, 1000)])
+
+
+@pytest.mark.parametrize("cfg, t, chunk", CASES, ids=IDS)
+def test_cache_attention_matches_reference(cfg, t, chunk):
+    q, k, v = qkv(cfg, 2, t, seed=t)
+    want = reference_anchormass_attention(q, k, v, cfg)
+    cache = make_cache(cfg, batch_size=2)
+    got = run_chunks(cache.layers[0], q, k, v, chunk)
+    assert (got - want).abs().max().item() <= 1e-5
+    stats = cache.layers[0].stats()
+    assert stats["mass"] == [float(t)] * 2
+
+
+def test_sequences_keep_their_own_slot_counts():
+    q, k, v = qkv(ODD, 2, 200, seed=1)
+    cache = make_cache(ODD, batch_size=2)
+    run_chunks(cache.layers[0], q, k, v, 7)
+    slots = cache.layers[0].stats()["slots"]
+    n_blocks = (200 - ODD.n_sinks) // ODD.block_size
+    assert slots[0] < slots[1] <= n_blocks * ODD.slots_per_block and slots[0] >= n_blocks * ODD.groups_per_block
+
+
+def test_buffers_are_preallocated_and_grow_only_by_doubling():
+    cfg = ODD.replace(prefill_chunk=16)
+    q, k, v = qkv(cfg, 1, 400, seed=2)
+    cache = make_cache(cfg, batch_size=1, budget=8)
+    layer = cache.layers[0]
+    layer.attend(q[:, :, :1], k[:, :, :1], v[:, :, :1])
+    cap = layer.slot_mass.shape[1]
+    assert cap == 8 + (16 // 16 + 1) * cfg.slots_per_block
+    nbytes = cache.nbytes
+    for s in range(1, 100):  # token by token: stage 2 keeps the store within budget, nothing grows
+        layer.attend(q[:, :, s:s + 1], k[:, :, s:s + 1], v[:, :, s:s + 1])
+        layer.after_forward()
+        assert cache.nbytes == nbytes
+    layer.attend(q[:, :, 100:], k[:, :, 100:], v[:, :, 100:])  # 300 tokens in one chunk: more than cap
+    assert layer.counts.item() > cap and layer.slot_mass.shape[1] in (2 * cap, 4 * cap, 8 * cap)
+    layer.after_forward()
+    assert layer.counts.item() <= 8 and layer.stats()["mass"] == 400.0
+
+
+def test_nbytes_counts_every_buffer_and_stats_contract():
+    cfg = TINY
+    cache = make_cache(cfg, batch_size=1, budget=64)
+    assert cache.nbytes == 0 and cache.stats() == {"tokens": 0, "slots": [0, 0], "mass": [0.0, 0.0]}
+    q, k, v = qkv(cfg, 1, 90, seed=3)
+    for layer in cache.layers:
+        layer.attend(q, k, v)
+    cache.advance(90)
+    cap = 64 + (cfg.prefill_chunk // 64 + 1) * 16
+    hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
+    per_layer = 4 * d * 2 * (hl * cfg.window + hg * (cfg.n_sinks + cap + cfg.block_size)) + 4 * cap + 8
+    assert cache.nbytes == cfg.n_layers * per_layer
+    st = cache.stats()
+    assert st["tokens"] == 90 and st["mass"] == [90.0, 90.0] and all(8 <= s <= 16 for s in st["slots"])
+
+
+def test_make_cache_rejects_bad_arguments():
+    with pytest.raises(ConfigError, match="slot policy"):
+        make_cache(TINY, policy="lru")
+    with pytest.raises(ConfigError, match="budget"):
+        make_cache(TINY, budget=0)
+    with pytest.raises(ConfigError, match="batch_size"):
+        make_cache(TINY, batch_size=0)
+    cache = make_cache(TINY.replace(slot_policy="fifo", slot_budget=128))
+    assert cache.budget == 128 and cache.policy.name == "fifo"
