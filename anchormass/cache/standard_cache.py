@@ -151,6 +151,8 @@ class StandardLayerCache(LayerCache):
             self.policy.after_forward(self)
 
     def end_prefill(self) -> None:
+        if not self.prefilling:
+            return  # idempotent: a driver and a caller may both signal the end of the prompt
         if self.policy is not None:
             self.policy.end_prefill(self)
         self.prefilling = False

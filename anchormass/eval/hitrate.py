@@ -1,0 +1,188 @@
+"""SnapKV hit rate (SPEC 3 / 6 f): does the observation window's vote predict where generated
+tokens will look?
+
+For each prompt the Standard model runs with a full cache and a probe policy: at the end of the
+prefill the probe computes SnapKV's vote (same window / pooling / budget as `SnapKV`) without
+compressing anything; then for every greedily generated token, per layer and head, the prefix
+positions (the prompt minus the observation window) whose attention exceeds `threshold` (0.05)
+are "important", and hit rate = important positions the vote selected / important positions.
+Counts are summed over generated tokens and prompts (a micro-average per layer and head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from anchormass.cache.kv_policies import SnapKV, attention_probs
+from anchormass.errors import ConfigError
+from anchormass.eval import tables
+from anchormass.eval.baselines import greedy, needs_standard, prefill, prompt_source
+from anchormass.eval.common import progress
+from anchormass.eval.suite import EvalContext, Suite
+
+
+@dataclass
+class HitRateProbe(SnapKV):
+    """A SnapKV that only watches: it votes at `end_prefill` but keeps every token, then counts,
+    for each later query, the important prefix positions and those the vote had selected."""
+
+    name: ClassVar[str] = "hitrate_probe"
+    threshold: float = 0.05
+
+    def end_prefill(self, layer) -> None:
+        q_obs = layer.state.pop("snapkv_q", None)
+        length = layer.length
+        prefix = length - self.window
+        if q_obs is None or prefix <= 0:
+            return  # nothing before the window: no prefix to hit
+        selected = torch.zeros(layer.batch_size, layer.n_heads, prefix, dtype=torch.bool, device=layer.k.device)
+        if length <= self.budget:
+            selected[:] = True  # SnapKV would keep the whole prompt
+        else:
+            chosen = self.select(q_obs, layer.keys())[..., : self.budget - self.window]  # prefix part
+            selected.scatter_(2, chosen, True)
+        layer.state["hit_selected"] = selected  # [B, H, prefix]
+        layer.state["hit_hits"] = torch.zeros(layer.batch_size, layer.n_heads, dtype=torch.float64,
+                                              device=layer.k.device)
+        layer.state["hit_important"] = torch.zeros_like(layer.state["hit_hits"])
+
+    def on_attend(self, layer, q: torch.Tensor) -> None:
+        if layer.prefilling:
+            return super().on_attend(layer, q)
+        selected = layer.state.get("hit_selected")
+        if selected is None:
+            return
+        prefix = selected.shape[-1]
+        first = layer.length - q.shape[2]
+        probs = attention_probs(q, layer.keys(), first_query_slot=first)[..., :prefix]  # [B, H, T, prefix]
+        important = probs > self.threshold
+        layer.state["hit_hits"] += (important & selected.unsqueeze(2)).sum(dim=(2, 3)).double()
+        layer.state["hit_important"] += important.sum(dim=(2, 3)).double()
+
+
+def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """One batch of prompts [B, P]: (hits, important), each [layers, heads] summed over the batch."""
+    cache = model.new_cache(batch_size=ids.shape[0], policy=probe)
+    logits = prefill(model, ids, cache, chunk)
+    greedy(model, cache, logits, new_tokens)
+    if "hit_hits" not in cache.layers[0].state:
+        raise ConfigError(f"hitrate: prompts of {ids.shape[1]} tokens leave no prefix before the "
+                          f"{probe.window}-token observation window")
+    hits = np.stack([lay.state["hit_hits"].sum(0).cpu().numpy() for lay in cache.layers])
+    important = np.stack([lay.state["hit_important"].sum(0).cpu().numpy() for lay in cache.layers])
+    return hits, important
+
+
+class HitRateSuite(Suite):
+    name = "hitrate"
+
+    def applies(self, ctx: EvalContext) -> str | None:
+        return needs_standard(ctx, "the SnapKV hit rate is measured")
+
+    def check(self, ctx: EvalContext) -> None:
+        self.probe = HitRateProbe(window=int(self.opt("window", 32)), kernel=int(self.opt("kernel", 7)),
+                                  pooling=str(self.opt("pooling", "max")),
+                                  threshold=float(self.opt("threshold", 0.05))).bind(int(self.opt("budget", 256)))
+        self.lengths = [int(x) for x in self.opt("lengths", [512])]
+        self.n_prompts = int(self.opt("n_prompts", 3))
+        self.new_tokens = int(self.opt("new_tokens", 16))
+        if self.n_prompts < 1 or self.new_tokens < 1:
+            raise ConfigError("hitrate: n_prompts and new_tokens must be >= 1")
+        for length in self.lengths:
+            if length <= self.probe.window:
+                raise ConfigError(f"hitrate: length {length} must exceed the observation window ({self.probe.window})")
+            ctx.check_length(self.name, length)
+        self.source = prompt_source(self.opt("prompts"), ctx, self.name)
+
+    def run(self, ctx: EvalContext) -> dict:
+        per_model = {}
+        items = []
+        for m in ctx.models:
+            if m.arch != "standard":
+                continue
+            hits = important = 0
+            cells = [(length, i) for length in self.lengths for i in range(self.n_prompts)]
+            for length, i in progress(cells, ctx.progress, f"hitrate {m.label}"):
+                ids = self.source.prompt(length, seed=ctx.seed + i, vocab=m.config.vocab_size).to(ctx.device)
+                h, n = hit_counts(m.model, ids[None], self.probe, self.new_tokens, m.config.prefill_chunk)
+                hits, important = hits + h, important + n
+                items.append({"model": m.label, "length": length, "prompt": i, "hits": h.tolist(),
+                              "important": n.tolist()})
+            rate = np.where(important > 0, hits / np.maximum(important, 1), np.nan)  # [layers, heads]
+            per_model[m.label] = {"hit_rate": [[None if np.isnan(x) else float(x) for x in row] for row in rate], "hits": hits.tolist(), "important": important.tolist()}
+        summary = {}
+        for lab, r in per_model.items():
+            summary.update({f"{lab}/{k}": v for k, v in overview(np.array(r["hit_rate"], dtype=float)).items()
+                            if v is not None})
+        return {"settings": {**{k: getattr(self.probe, k) for k in ("window", "kernel", "pooling", "budget",
+                                                                      "threshold")},
+                             "lengths": self.lengths, "n_prompts": self.n_prompts, "new_tokens": self.new_tokens,
+                             "prompts": self.source.describe()},
+                "models": per_model, "summary": summary, "items": items}
+
+    def report(self, result: dict) -> str:
+        s = result["settings"]
+        out = ["## SnapKV hit rate\n",
+               f"Share of prefix positions with attention > {s['threshold']} (generated tokens) that the "
+               f"observation-window vote selected: window {s['window']}, {s['pooling']}-pool kernel {s['kernel']}, "
+               f"budget {s['budget']} tokens per head; prompts: {s['prompts']}, lengths {s['lengths']}, "
+               f"{s['n_prompts']} per length, {s['new_tokens']} greedy tokens each.\n"]
+        for lab, r in result["models"].items():
+            rate = np.array(r["hit_rate"], dtype=float)
+            head = ["layer"] + [f"head {h}" for h in range(rate.shape[1])] + ["mean"]
+            rows = [[str(layer)] + [_pct(x) for x in row] + [_pct(_mean(row))] for layer, row in enumerate(rate)]
+            o = overview(rate)
+            tail = ("no generated token put more than the threshold on any prefix position (attention too flat)"
+                    if o["hit_rate_mean"] is None else
+                    f"mean {_pct(o['hit_rate_mean'])}, min {_pct(o['hit_rate_min'])}, "
+                    f"heads above 80%: {o['heads_over_80pct']:.0%} of the heads with any important position")
+            out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}\n")
+        return "\n".join(out)
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [heatmap(lab, np.array(r["hit_rate"], dtype=float), out_dir / f"hitrate_{lab}.png")
+                for lab, r in result["models"].items()]
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or np.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _mean(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else float("nan")
+
+
+def overview(rate: np.ndarray) -> dict:
+    """Mean / min hit rate and share of heads above 80%, over heads that had any important position
+    (NaN cells: no generated token put attention > threshold on the prefix). None when there are none."""
+    ok = rate[~np.isnan(rate)]
+    if not ok.size:
+        return {"hit_rate_mean": None, "hit_rate_min": None, "heads_over_80pct": None, "heads_measured": 0}
+    return {"hit_rate_mean": float(ok.mean()), "hit_rate_min": float(ok.min()),
+            "heads_over_80pct": float((ok > 0.8).mean()), "heads_measured": int(ok.size)}
+
+
+def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
+    """Layers (rows) x heads (columns), hit rate in [0, 1]."""
+    from anchormass.eval.plots import _save, plt
+
+    n_layers, n_heads = rate.shape
+    fig, ax = plt.subplots(figsize=(0.6 * n_heads + 2.5, 0.4 * n_layers + 1.8))
+    im = ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    if n_layers * n_heads <= 400:
+        for i in range(n_layers):
+            for j in range(n_heads):
+                if not np.isnan(rate[i, j]):
+                    ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if rate[i, j] < 0.5 else "black")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"SnapKV hit rate: {label}")
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return _save(fig, path)
