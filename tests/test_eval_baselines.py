@@ -125,3 +125,33 @@ def test_hitrate_suite_end_to_end(tmp_path, tiny_models):
     assert important.sum() > 0 and (hits <= important).all()
     assert 0.0 <= res["summary"]["standard_tiny/hit_rate_mean"] <= 1.0
     assert (out / "hitrate_standard_tiny.png").stat().st_size > 0
+
+
+def test_baselines_passkey_and_token_file(tmp_path, tiny_models):
+    from anchormass.data.token_file import write_tokens
+    from anchormass.data.tokenizer import train_tokenizer
+    from anchormass.eval.haystack import CLASSIC_JA, PHRASINGS
+    from anchormass.eval.runner import run_evaluation
+    from anchormass.eval.suite import EvalModel
+
+    texts = [CLASSIC_JA * 3] + [" ".join(v) for v in PHRASINGS["ja"].values()] + ["0123456789 パスキー"] * 3
+    tok = train_tokenizer(texts, tmp_path / "tok.model", vocab_size=400, hard_vocab_limit=False)
+    write_tokens(tmp_path / "val.bin", np.random.default_rng(0).integers(4, tok.vocab_size, size=400),
+                 tok.vocab_size, {"tokenizer_checksum": tok.checksum})
+    std, _ = tiny_models
+    cfg = {"baselines": {"token_budgets": [40], "policies": ["streaming_llm", "snapkv"],
+                         "policy_args": {"snapkv": {"window": 8}},
+                         "ppl": {"contexts": [64], "target_len": 8, "n_anchors": 1},
+                         "passkey": {"lengths": [120], "depths": [0.5], "seeds": [0, 1], "new_tokens": 4}}}
+    out = run_evaluation({"suite": "baselines", "out_dir": str(tmp_path / "out"), "progress": False, "eval": cfg,
+                          "data_dir": str(tmp_path)},
+                         models=[EvalModel("standard_tiny", std, std.cfg, "random-init")], tokenizer=tok)
+    results = json.loads((out / "results.json").read_text())
+    res = results["suites"]["baselines"]
+    assert any(d["path"].endswith("val.bin") for d in results["data"].values())
+    keys = {(r["task"], r["method"]) for r in res["rows"]}
+    assert keys == {(t, m) for t in ("ppl", "passkey") for m in ("streaming_llm", "snapkv", "full")}
+    passkey = [it for it in res["items"] if it["task"] == "passkey"]
+    assert len(passkey) == 2 * 3 and all(0 <= it["digits"] <= 4 and "text" in it for it in passkey)
+    bytes_ = {r["method"]: r["kv_bytes"] for r in res["rows"] if r["task"] == "passkey"}
+    assert bytes_["streaming_llm"] < bytes_["snapkv"] < bytes_["full"]

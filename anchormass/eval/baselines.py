@@ -60,11 +60,13 @@ def prefill(model, ids: torch.Tensor, cache, chunk: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy(model, cache, logits: torch.Tensor, n_tokens: int, meter: "list[int] | None" = None) -> torch.Tensor:
-    """Greedy decoding from the last prompt logits [B, V]; returns the n_tokens ids [B, n]."""
+def greedy(model, cache, logits: torch.Tensor, n_tokens: int, meter: "list[int] | None" = None,
+           vocab_limit: int | None = None) -> torch.Tensor:
+    """Greedy decoding from the last prompt logits [B, V]; returns the n_tokens ids [B, n].
+    vocab_limit: only ids below it are candidates (a tokenizer smaller than the model's vocab)."""
     out = []
     for i in range(n_tokens):
-        token = logits.argmax(-1, keepdim=True)  # [B, 1]
+        token = logits[:, :vocab_limit].argmax(-1, keepdim=True)  # [B, 1]
         out.append(token)
         if i + 1 < n_tokens:
             logits = model(token, cache=cache)[:, -1].float()
@@ -250,8 +252,9 @@ class BaselinesSuite(Suite):
         cache = new_session(model, 1, ids.shape[1], method.policy, method.budget)
         logits = prefill(model, ids, cache, self._chunk(method.model))
         meter = [cache.nbytes]
-        out = greedy(model, cache, logits, self.passkey["new_tokens"], meter)
-        text = self.passkey["haystack"].tok.decode(out[0].tolist())
+        tok = self.passkey["haystack"].tok
+        out = greedy(model, cache, logits, self.passkey["new_tokens"], meter, vocab_limit=tok.vocab_size)
+        text = tok.decode(out[0].tolist())
         return {**score_answer(text, trial.key), "text": text, "kv_bytes": int(max(meter))}
 
     def run(self, ctx: EvalContext) -> dict:
