@@ -93,3 +93,16 @@ def test_bad_shapes_and_budget_without_policy_are_rejected():
         StandardCache(cfg, 1, policy=None, budget=64)
     with pytest.raises(ConfigError, match="unknown kv policy"):
         StandardCache(cfg, 1, policy="lru", budget=64)
+
+
+def test_decoding_after_prefill_uses_the_reserve_before_growing():
+    q, k, v = random_qkv(24, seed=4)
+    layer = StandardLayerCache(H, D, B, decode_reserve=4)
+    feed(layer, q[:, :, :16], k[:, :, :16], v[:, :, :16], [8, 8])
+    assert layer.capacity == 16  # a full buffer: the next token would double it
+    layer.end_prefill()
+    assert layer.capacity == 20
+    feed(layer, q[:, :, 16:20], k[:, :, 16:20], v[:, :, 16:20], [1] * 4)
+    assert layer.capacity == 20
+    feed(layer, q[:, :, 20:21], k[:, :, 20:21], v[:, :, 20:21], [1])
+    assert layer.capacity == 40

@@ -93,8 +93,10 @@ class StandardLayerCache(LayerCache):
         self.length = n
 
     def compact(self, reserve: int) -> None:
-        """Shrink the buffers to `length + reserve` slots (after prefill, so nbytes is honest)."""
-        if self.k is not None and self.capacity > self.length + reserve:
+        """Resize the buffers to exactly `length + reserve` slots after the prefill: no idle
+        capacity left over from doubling (nbytes stays honest), and room for the first `reserve`
+        decoded tokens so decoding does not double a just-filled buffer."""
+        if self.k is not None and self.capacity != self.length + reserve:
             self._reallocate(self.length + reserve)
 
     def keys(self) -> torch.Tensor:
