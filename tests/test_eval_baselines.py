@@ -127,24 +127,33 @@ def test_hitrate_suite_end_to_end(tmp_path, tiny_models):
     assert (out / "hitrate_standard_tiny.png").stat().st_size > 0
 
 
-def test_baselines_passkey_and_token_file(tmp_path, tiny_models):
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A small tokenizer and a val.bin made with it."""
     from anchormass.data.token_file import write_tokens
     from anchormass.data.tokenizer import train_tokenizer
     from anchormass.eval.haystack import CLASSIC_JA, PHRASINGS
+
+    d = tmp_path_factory.mktemp("baselines_assets")
+    texts = [CLASSIC_JA * 3] + [" ".join(v) for v in PHRASINGS["ja"].values()] + ["0123456789 パスキー"] * 3
+    tok = train_tokenizer(texts, d / "tok.model", vocab_size=400, hard_vocab_limit=False)
+    write_tokens(d / "val.bin", np.random.default_rng(0).integers(4, tok.vocab_size, size=400),
+                 tok.vocab_size, {"tokenizer_checksum": tok.checksum})
+    return d, tok
+
+
+def test_baselines_passkey_and_token_file(tmp_path, tiny_models, assets):
     from anchormass.eval.runner import run_evaluation
     from anchormass.eval.suite import EvalModel
 
-    texts = [CLASSIC_JA * 3] + [" ".join(v) for v in PHRASINGS["ja"].values()] + ["0123456789 パスキー"] * 3
-    tok = train_tokenizer(texts, tmp_path / "tok.model", vocab_size=400, hard_vocab_limit=False)
-    write_tokens(tmp_path / "val.bin", np.random.default_rng(0).integers(4, tok.vocab_size, size=400),
-                 tok.vocab_size, {"tokenizer_checksum": tok.checksum})
+    data_dir, tok = assets
     std, _ = tiny_models
     cfg = {"baselines": {"token_budgets": [40], "policies": ["streaming_llm", "snapkv"],
                          "policy_args": {"snapkv": {"window": 8}},
                          "ppl": {"contexts": [64], "target_len": 8, "n_anchors": 1},
                          "passkey": {"lengths": [120], "depths": [0.5], "seeds": [0, 1], "new_tokens": 4}}}
     out = run_evaluation({"suite": "baselines", "out_dir": str(tmp_path / "out"), "progress": False, "eval": cfg,
-                          "data_dir": str(tmp_path)},
+                          "data_dir": str(data_dir)},
                          models=[EvalModel("standard_tiny", std, std.cfg, "random-init")], tokenizer=tok)
     results = json.loads((out / "results.json").read_text())
     res = results["suites"]["baselines"]
@@ -155,3 +164,22 @@ def test_baselines_passkey_and_token_file(tmp_path, tiny_models):
     assert len(passkey) == 2 * 3 and all(0 <= it["digits"] <= 4 and "text" in it for it in passkey)
     bytes_ = {r["method"]: r["kv_bytes"] for r in res["rows"] if r["task"] == "passkey"}
     assert bytes_["streaming_llm"] < bytes_["snapkv"] < bytes_["full"]
+
+
+def test_prompt_sources(assets):
+    from anchormass.errors import ConfigError
+    from anchormass.eval.baselines import prompt_source
+    from anchormass.eval.suite import EvalContext
+
+    data_dir, tok = assets
+    ctx = EvalContext(models=[], tokenizer=None, device=torch.device("cpu"), data_dir=data_dir)
+    src = prompt_source("tokens", ctx, "hitrate")
+    a, b = src.prompt(50, seed=3, vocab=10), src.prompt(50, seed=3, vocab=10)
+    assert torch.equal(a, b) and a.shape == (50,) and int(a.max()) < tok.vocab_size
+    assert prompt_source(None, ctx, "hitrate").kind == "random"
+    with pytest.raises(ConfigError, match="needs a tokenizer"):
+        prompt_source("passkey", ctx, "hitrate")
+    with pytest.raises(ConfigError, match="does not fit"):
+        src.prompt(500, seed=0, vocab=10)
+    ctx.tokenizer = tok
+    assert len(prompt_source(None, ctx, "hitrate").prompt(90, seed=1, vocab=10)) == 90

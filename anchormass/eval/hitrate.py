@@ -97,7 +97,7 @@ class HitRateSuite(Suite):
             if length <= self.probe.window:
                 raise ConfigError(f"hitrate: length {length} must exceed the observation window ({self.probe.window})")
             ctx.check_length(self.name, length)
-        self.source = prompt_source(self.opt("prompts"), ctx, self.name)
+        self.source = prompt_source(self.opt("prompts"), ctx, self.name, self.opt("data"))
 
     def run(self, ctx: EvalContext) -> dict:
         per_model = {}
