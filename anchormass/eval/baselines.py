@@ -33,6 +33,7 @@ from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import gather_logprobs, progress
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.models import generate
 from anchormass.models.rope import ntk_base
 
 MIB = 1024 ** 2
@@ -47,16 +48,9 @@ def new_session(model, batch_size: int, total_len: int, policy=None, budget=None
     return cache
 
 
-@torch.no_grad()
 def prefill(model, ids: torch.Tensor, cache, chunk: int) -> torch.Tensor:
-    """Feed the prompt [B, P] in chunks and end the prefill; logits of the last position [B, V] (fp32)."""
-    if cache.rope_base is None:
-        cfg = model.cfg
-        cache.rope_base = ntk_base(cfg.rope_theta, ids.shape[1], cfg.original_max_len, cfg.head_dim)
-    for s in range(0, ids.shape[1], chunk):
-        hidden = model.forward_hidden(ids[:, s:s + chunk], cache=cache)  # [B, t, d]
-    cache.end_prefill()
-    return model.lm_head(hidden[:, -1]).float()
+    """The engine's chunked prefill (RoPE base, end_prefill included); last-position logits [B, V] fp32."""
+    return generate.prefill(model, ids, cache, chunk).float()
 
 
 @torch.no_grad()
