@@ -1,0 +1,107 @@
+"""Inference engine: chunked prefill through a session cache, then a greedy / sampling decode loop.
+
+Works with both models and every cache policy: it only uses `model(ids, cache=cache)`,
+`model.forward_hidden`, `model.lm_head` and `model.new_cache` (SPEC 7).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from anchormass.errors import ConfigError, DataError
+from anchormass.models.rope import ntk_base
+
+
+@torch.no_grad()
+def prefill(model, ids: torch.Tensor, cache, chunk_size: int | None = None) -> torch.Tensor:
+    """Feed the prompt `ids` [B, P] through `cache` in chunks; return the last position's logits [B, V].
+
+    The session's RoPE base is fixed here from the whole prompt length P (SPEC 1), before the
+    first chunk, so that every chunk and every later decode step uses the same base. Only the
+    last position goes through the LM head.
+    """
+    cfg = model.cfg
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise DataError(f"prompt must be a non-empty [batch, length] tensor, got shape {tuple(ids.shape)}")
+    chunk = cfg.prefill_chunk if chunk_size is None else chunk_size
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"prefill chunk size must be a positive integer, got {chunk!r}")
+    if cache.rope_base is None:
+        cache.rope_base = ntk_base(cfg.rope_theta, ids.shape[1], cfg.original_max_len, cfg.head_dim)
+    for start in range(0, ids.shape[1], chunk):
+        hidden = model.forward_hidden(ids[:, start:start + chunk], cache=cache)  # [B, T, d]
+    cache.end_prefill()
+    return model.lm_head(hidden[:, -1])  # [B, V]
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits [B, V] -> next ids [B]: argmax at temperature 0, else a sample from the filtered softmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already hold top_p; the first always stays.
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+             policy=None, budget=None, chunk_size: int | None = None,
+             callback: Callable[[int, torch.Tensor], None] | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Continue each prompt of `prompt_ids` [B, P]; returns the new ids [B, n], n <= max_new_tokens.
+
+    A sequence that emitted `eos_id` is finished: its later positions are padded with `eos_id`,
+    and decoding stops when every sequence is finished. `callback(step, ids [B])` sees each
+    step's tokens as they come (streaming). `policy` / `budget` go to `model.new_cache`.
+    """
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if prompt_ids.dim() == 1:
+        prompt_ids = prompt_ids[None]
+    was_training = model.training
+    model.eval()
+    try:
+        cache = model.new_cache(batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
+        logits = prefill(model, prompt_ids, cache, chunk_size)  # [B, V]
+        finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+        out = []
+        for step in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+            if eos_id is not None:
+                nxt = nxt.masked_fill(finished, eos_id)
+                finished |= nxt == eos_id
+            out.append(nxt)
+            if callback is not None:
+                callback(step, nxt)
+            if step + 1 == max_new_tokens or bool(finished.all()):
+                break
+            logits = model(nxt[:, None], cache=cache)[:, -1]
+    finally:
+        model.train(was_training)
+    if not out:
+        return prompt_ids.new_zeros(prompt_ids.shape[0], 0)
+    return torch.stack(out, dim=1)

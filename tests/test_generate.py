@@ -1,0 +1,108 @@
+"""generate(): greedy == repeated parallel argmax, sampling filters, eos, streaming callback, batches, policies."""
+
+import pytest
+import torch
+
+from anchormass.errors import ConfigError
+from anchormass.models import build_model, load_model_config
+from anchormass.models.generate import generate, prefill, sample_next
+from anchormass.models.rope import ntk_base
+from test_anchormass_cache import one_thread  # noqa: F401  (autouse fixture: one torch thread)
+from test_equivalence import model  # the shared random-init tiny models
+
+def prompts(m, batch, length, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, m.cfg.vocab_size, (batch, length), generator=g)
+
+
+@torch.no_grad()
+def greedy_by_parallel_forward(m, ids, n):
+    for _ in range(n):
+        ids = torch.cat([ids, m(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[:, -n:]
+
+
+@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny"])
+def test_greedy_with_cache_equals_repeated_parallel_forward(name):
+    m = model(name)
+    ids = prompts(m, 2, 90)
+    budget = 4096 if m.cfg.arch == "anchormass" else None
+    got = generate(m, ids, max_new_tokens=6, budget=budget, chunk_size=32)
+    assert torch.equal(got, greedy_by_parallel_forward(m, ids, 6))
+    # batch 2 == each sequence alone
+    assert torch.equal(generate(m, ids[1:], max_new_tokens=6, budget=budget, chunk_size=32), got[1:])
+
+
+def test_prefill_fixes_the_ntk_base_from_the_whole_prompt():
+    m = build_model(load_model_config("anchormass_tiny").replace(original_max_len=32)).eval()
+    ids = prompts(m, 1, 70)
+    cache = m.new_cache()
+    last = prefill(m, ids, cache, chunk_size=16)
+    assert cache.rope_base == ntk_base(m.cfg.rope_theta, 70, 32, m.cfg.head_dim) > m.cfg.rope_theta
+    with torch.no_grad():
+        assert (last - m(ids)[:, -1]).abs().max().item() <= 1e-4
+        m(ids[:, :1], cache=cache)  # decoding keeps the session's base
+    assert cache.rope_base == ntk_base(m.cfg.rope_theta, 70, 32, m.cfg.head_dim)
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "score_merge", "uniform_merge", "priority", "fifo"])
+def test_every_policy_generates_within_budget(policy):
+    m = model("anchormass_tiny")
+    ids = prompts(m, 2, 300, seed=3)
+    cache = m.new_cache(batch_size=2, policy=policy, budget=16)
+    prefill(m, ids, cache, chunk_size=100)
+    st = cache.stats()
+    assert all(s <= 16 for per_layer in st["slots"] for s in per_layer)
+    merged = policy in ("adaptive", "score_merge", "uniform_merge")
+    assert all((x == 300) == merged for per_layer in st["mass"] for x in per_layer)
+    out = generate(m, ids, max_new_tokens=3, policy=policy, budget=16, chunk_size=100)
+    assert out.shape == (2, 3) and out.min() >= 0 and out.max() < m.cfg.vocab_size
+
+
+def test_eos_stops_and_pads_finished_sequences_and_callback_streams():
+    m = model("anchormass_tiny")
+    ids = prompts(m, 2, 40, seed=5)
+    free = generate(m, ids, max_new_tokens=5)
+    eos = int(free[0, 1])  # sequence 0 ends at step 1
+    assert eos not in free[1].tolist() and eos != free[0, 0]  # holds for this seed; keeps the test sharp
+    seen = []
+    out = generate(m, ids, max_new_tokens=5, eos_id=eos, callback=lambda step, tok: seen.append((step, tok.clone())))
+    assert out[0, :2].tolist() == free[0, :2].tolist() and (out[0, 2:] == eos).all()
+    assert out.shape == (2, 5) and torch.equal(out[1], free[1])  # sequence 1 runs on
+    assert [s for s, _ in seen] == list(range(out.shape[1]))
+    assert torch.equal(torch.stack([t for _, t in seen], dim=1), out)
+    single = generate(m, ids[:1], max_new_tokens=5, eos_id=eos)  # everything finished: stop early
+    assert single.tolist() == [free[0, :2].tolist()]
+
+
+def test_top_k_and_top_p_filter_the_samples():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(400, 4)
+    g = torch.Generator().manual_seed(0)
+    k2 = sample_next(logits, temperature=1.0, top_k=2, generator=g)
+    assert set(k2.tolist()) == {0, 1}
+    p7 = sample_next(logits, temperature=1.0, top_p=0.7, generator=g)  # 0.5 < 0.7 <= 0.8: keep {0, 1}
+    assert set(p7.tolist()) == {0, 1}
+    p9 = sample_next(logits, temperature=1.0, top_p=0.9, generator=g)
+    assert set(p9.tolist()) == {0, 1, 2}
+    tiny_p = sample_next(logits, temperature=1.0, top_p=0.01, generator=g)  # the top token always stays
+    assert set(tiny_p.tolist()) == {0}
+    full = sample_next(logits, temperature=1.0, generator=g)
+    assert set(full.tolist()) == {0, 1, 2, 3}
+
+
+def test_sampling_is_reproducible_with_a_generator():
+    m = model("standard_tiny")
+    ids = prompts(m, 2, 20)
+    run = lambda seed: generate(m, ids, 6, temperature=0.8, top_k=50, top_p=0.95,  # noqa: E731
+                                generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
+
+
+def test_bad_arguments_are_rejected():
+    m = model("anchormass_tiny")
+    ids = prompts(m, 1, 4)
+    for kwargs, fragment in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
+                             (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"), (dict(chunk_size=0), "chunk")]:
+        with pytest.raises(ConfigError, match=fragment):
+            generate(m, ids, **{"max_new_tokens": 2, **kwargs})
+    assert generate(m, ids, 0).shape == (1, 0)
