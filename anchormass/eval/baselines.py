@@ -238,10 +238,13 @@ class BaselinesSuite(Suite):
         if ctx.tokenizer is None:
             self.passkey_note = "skipped: no tokenizer"
             return
-        from anchormass.eval.haystack import Haystack, make_trial
+        from anchormass.eval.haystack import make_trial
+        from anchormass.eval.passkey import build_haystack
 
         cfg = dict(cfg)
-        hay = Haystack(ctx.tokenizer, filler=cfg.get("filler", "classic_ja"), lang=cfg.get("lang", "ja"))
+        options = Suite(cfg)  # the passkey suite's haystack options (filler, lang, filler_path, bos)
+        options.name = self.name
+        hay = build_haystack(options, ctx)
         trials = [make_trial(int(n), float(d), int(s)) for n in cfg.get("lengths", [256])
                   for d in cfg.get("depths", [0.1, 0.5, 0.9]) for s in cfg.get("seeds", [0])]
         for t in trials:
