@@ -44,11 +44,11 @@ def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: to
     if ckpt and preset:
         raise ConfigError(f"{role}: give a checkpoint or a model preset, not both")
     if ckpt:
-        from anchormass.training.checkpoint import load_model
-
         path = Path(str(ckpt)).expanduser()
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {path}")
+        from anchormass.training.checkpoint import load_model
+
         model, hparams = load_model(path, map_location="cpu")
         from anchormass.models.config import ModelConfig
 

@@ -17,10 +17,10 @@ from anchormass.errors import ConfigError
 from anchormass.eval import plots, tables
 from anchormass.eval.answers import score_answer
 from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
-from anchormass.eval.decoding import greedy
 from anchormass.eval.haystack import PHRASINGS, Haystack, Trial, make_trial
 from anchormass.eval.stats import mcnemar_exact
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.models.generate import generate
 
 DEFAULT_DEPTHS = [0.1, 0.3, 0.5, 0.7, 0.9]
 
@@ -52,15 +52,18 @@ def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial
     for batch in progress(batches, ctx.progress, f"{desc} [{m.label}]"):
         ids = torch.tensor([hay.build(t) for t in batch], dtype=torch.long, device=ctx.device)
         try:
-            new = greedy(m.model, ids, max_new_tokens, policy=policy, budget=budget, chunk=chunk).tolist()
+            new = generate(m.model, ids, max_new_tokens, temperature=0.0, policy=policy, budget=budget,
+                           chunk_size=None if chunk is None else int(chunk)).tolist()
         except Exception as err:  # OOM at a length is a result
             if not is_oom(err):
                 raise
             free_memory(ctx.device)
             records += [{**t.as_dict(), "model": m.label, "status": OOM, "exact": False, "digits": 0} for t in batch]
             continue
+        vocab = ctx.tokenizer.vocab_size
         for t, out in zip(batch, new):
-            text = ctx.tokenizer.decode(out)
+            # a model may emit ids the tokenizer lacks (model vocab > tokenizer vocab): read as unk
+            text = ctx.tokenizer.decode([i if i < vocab else ctx.tokenizer.unk_id for i in out])
             records.append({**t.as_dict(), "model": m.label, "status": "ok", "output": text,
                             **score_answer(text, t.key)})
     return records
@@ -105,6 +108,7 @@ class PasskeySuite(Suite):
         if self.rob_length:
             trials += [t for p in self.rob_phrasings
                        for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p)]
+        trials = list(dict.fromkeys(trials))  # the robustness run's plain trials may repeat the main ones
         for L in {t.length for t in trials}:
             ctx.check_length("passkey", L + int(self.opt("max_new_tokens", 8)))
         for t in trials:
