@@ -97,10 +97,15 @@ def test_resume_on_different_data_refused_unless_allowed(data_dir, tmp_path):
     assert dm.next_step == 3
 
 
-def test_val_loader_is_fixed(data_dir):
+def test_val_loader_is_fixed_and_shared_out_by_rank(data_dir):
     dm = PretrainDataModule(data_dir, SEQ, GBS, seed=1, val_samples=6)
     a, b = list(dm.val_dataloader()), list(dm.val_dataloader())
     assert sum(len(x["input_ids"]) for x in a) == 6 and same(a, b)
+    rows = {tuple(r.tolist()) for x in a for r in x["input_ids"]}
+    shares = [{tuple(r.tolist()) for x in PretrainDataModule(data_dir, SEQ, GBS, seed=1, val_samples=6, world_size=2,
+                                                              rank=k).val_dataloader() for r in x["input_ids"]}
+              for k in (0, 1)]
+    assert shares[0] | shares[1] == rows and not shares[0] & shares[1]
 
 
 def test_wrong_kind_and_missing_folder(data_dir, tmp_path):

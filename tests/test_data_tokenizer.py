@@ -31,6 +31,7 @@ def test_reserved_ids_and_markers(tok):
     "Unseen words: zebra quokka, and digits 0123456789.",
     "吾輩は猫である。名前はまだ無い。どこで生れたか見当がつかぬ。",  # mostly byte fallback
     "line one\nline two",
+    "two  spaces,  kept",
 ])
 def test_round_trip(tok, text):
     ids = tok.encode(text)

@@ -128,11 +128,12 @@ class StepDataModule(L.LightningDataModule):
             raise DataError(f"{self.data_dir}: val split is shorter than one sequence of {self.seq_len}")
         k = min(n, self.val_samples or n)
         indices = [i * n // k for i in range(k)]  # evenly spread, fixed
-        world, _, acc = self._layout()
+        world, rank, acc = self._layout()
         bs = self.val_batch_size or max(1, self.global_batch_size // (world * acc))
-        # Map-style: under DDP Lightning shards it with a DistributedSampler (order is irrelevant here).
-        return DataLoader(_ValSet(samples, indices), batch_size=bs, shuffle=False, num_workers=self.num_workers,
-                          collate_fn=collate)
+        # Each rank evaluates its own share (the trainer runs with use_distributed_sampler=False, as
+        # the train order is sliced here too); Lightning averages the logged metric across ranks.
+        return DataLoader(_ValSet(samples, indices[rank::world]), batch_size=bs, shuffle=False,
+                          num_workers=self.num_workers, collate_fn=collate)
 
     # ------------------------------------------------------------------ resume
     def _order_params(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Read a corpus as a stream of documents through `datasets` (SPEC 4).
 
-A source is a mapping from the data config (`configs/data/*.yaml`, key `source`):
+A source is a mapping from the data config (`configs/data/*.yaml`, key `source`), or a list of
+them (read in order, each with an optional own `cleaners`):
 
     kind: files          # files | hub | demo | demo_chat (generated corpora: `params` for the generator)
     paths: [a.txt]       # files: paths or globs (relative to the repo root or absolute)
@@ -132,6 +133,12 @@ def _load(src: Mapping[str, Any]):
 def iter_documents(src: Mapping[str, Any], cleaners: list[str] | str | None = None) -> tuple[Iterator[str], str]:
     """(documents, description): read, clean (whole documents, so e.g. the Aozora header is seen),
     then cut into chunks and limit. Empty / whitespace-only documents are skipped."""
+    if isinstance(src, (list, tuple)) or hasattr(src, "__len__") and not isinstance(src, Mapping):
+        # several sources, read one after the other; each may set its own `cleaners`
+        parts = [iter_documents(s, s.get("cleaners", cleaners)) for s in src]
+        if not parts:
+            raise ConfigError("source list is empty")
+        return itertools.chain.from_iterable(p[0] for p in parts), " + ".join(p[1] for p in parts)
     cleaner_fns = get_cleaners(cleaners)
     if src.get("kind") == "demo":
         from anchormass.data.demo_corpus import demo_documents
