@@ -1,0 +1,144 @@
+"""Smoke test of the benchmark harness at toy sizes: it runs both models, writes JSON / Markdown /
+PNG, and every ratio it reports is the ratio of the numbers it measured. No speed assertions."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from anchormass.bench import measure, report, suite, targets
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT, LONG = 256, 512
+TOY = dict(short=SHORT, long=LONG, train=((2, 64), (1, 128)), memory=(SHORT, LONG))
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared CI machine: one thread avoids oversubscription stalls
+    try:
+        result = suite.Bench(suite.preset("toy"), log=lambda msg: None).run()
+    finally:
+        torch.set_num_threads(threads)
+    rows = targets.evaluate(result, targets.issue_targets(**TOY))
+    paths = report.write_all(result, rows, tmp_path_factory.mktemp("bench"))
+    return result, rows, paths
+
+
+def _one(result, section, model, length, **kw):
+    (row,) = [r for r in result[section] if r["model"] == model and r["length"] == length
+              and all(r[k] == v for k, v in kw.items())]
+    assert row["status"] == "ok"
+    return row
+
+
+def test_every_section_measures_both_models(toy_run):
+    result, _, _ = toy_run
+    for section, lengths in (("prefill", [SHORT, LONG]), ("decode", [SHORT, LONG])):
+        for model in ("standard", "anchormass"):
+            for n in lengths:
+                row = _one(result, section, model, n)
+                assert row["cache"]["tokens"] >= n
+                assert row["cache"]["nbytes"] > 0
+    assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in result["prefill"])
+    assert all(r["tokens_per_s"] > 0 for r in result["train"])
+    assert all(len(r["windows_ms_per_token"]) == 2 for r in result["decode"])
+    assert [r["length"] for r in result["memory"]] == [SHORT, LONG]
+    # The budget-limited AnchorMass cache never holds more slots than the budget (16).
+    for n in (SHORT, LONG):
+        slots = _one(result, "decode", "anchormass", n)["cache"]["slots"]
+        assert max(max(s) if isinstance(s, list) else s for s in slots) <= 16
+
+
+def test_ratios_are_the_measured_ratios(toy_run):
+    result, rows, _ = toy_run
+    by_key = {r["key"]: r for r in rows}
+    assert set(by_key) == {"prefill_short", "prefill_long", "train_short", "train_long", "decode_flat",
+                           "decode_speedup", "cache_constant", "memory_ratio"}
+    expect = {
+        "prefill_long": _one(result, "prefill", "anchormass", LONG)["median_s"]
+        / _one(result, "prefill", "standard", LONG)["median_s"],
+        "train_short": _one(result, "train", "anchormass", 64, batch=2)["tokens_per_s"]
+        / _one(result, "train", "standard", 64, batch=2)["tokens_per_s"],
+        "decode_flat": _one(result, "decode", "anchormass", LONG)["ms_per_token"]
+        / _one(result, "decode", "anchormass", SHORT)["ms_per_token"],
+        "decode_speedup": _one(result, "decode", "standard", LONG)["ms_per_token"]
+        / _one(result, "decode", "anchormass", LONG)["ms_per_token"],
+    }
+    # Toy sessions may stay below the RSS resolution (peak 0): then the ratio must be n/a, not a number.
+    short_peak = _one(result, "memory", "anchormass", SHORT)["peak_bytes"]
+    if short_peak > 0:
+        expect["memory_ratio"] = _one(result, "memory", "anchormass", LONG)["peak_bytes"] / short_peak
+    else:
+        assert by_key["memory_ratio"]["measured"] is None
+    for key, value in expect.items():
+        assert math.isclose(by_key[key]["measured"], value, rel_tol=1e-12), key
+        assert by_key[key]["status"] in ("PASS", "MISS")
+    # A bound is applied as written: flip the measured value around the bound and the verdict flips.
+    t = targets.Target("x", "x", "<=", 1.0, lambda r: 2.0)
+    assert targets.evaluate(result, [t])[0]["status"] == "MISS"
+    t = targets.Target("x", "x", ">=", 1.0, lambda r: 2.0)
+    assert targets.evaluate(result, [t])[0]["status"] == "PASS"
+
+
+def test_missing_measurements_are_not_filled_in(toy_run):
+    result, _, _ = toy_run
+    # The issue's lengths (8K / 32K ...) were not measured in the toy run: every length-bound target
+    # is n/a (cache constancy is judged on whatever lengths are past the budget).
+    assert {r["status"] for r in targets.evaluate(result) if r["key"] != "cache_constant"} == {"n/a"}
+    oom = dict(result, prefill=[dict(r, status="OOM") for r in result["prefill"]])
+    rows = {r["key"]: r for r in targets.evaluate(oom, targets.issue_targets(**TOY))}
+    assert rows["prefill_long"]["status"] == "n/a" and rows["prefill_long"]["measured"] is None
+
+
+def test_outputs_written(toy_run):
+    result, rows, paths = toy_run
+    data = json.loads(paths["json"].read_text())
+    assert data["memory_method"] == measure.CPU_MEMORY_METHOD
+    assert [r["key"] for r in data["targets"]] == [r["key"] for r in rows]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = paths["markdown"].read_text()
+    assert "## Targets" in text and "peak RSS growth" in text
+    assert not list(paths["json"].parent.glob("*.tmp"))  # atomic writes leave nothing behind
+
+
+def test_peak_memory_sees_a_large_temporary():
+    """The CPU method must register memory that is allocated and freed inside the call."""
+    size = 64 * 2**20
+
+    def work():
+        x = torch.ones(size // 4)  # 64 MiB of float32, freed on return
+        return float(x[0])
+
+    assert measure.peak_memory_growth(work, "cpu") >= 0.9 * size
+    assert measure.peak_memory_growth(lambda: None, "cpu") < 0.5 * size
+
+
+def _load_cli():
+    spec = importlib.util.spec_from_file_location("bench_cli", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv", [["--preset", "nope"], ["--preset", "toy", "--skip", "lunch"],
+                                  ["--preset", "toy", "--repeats", "0"],
+                                  ["--preset", "toy", "--standard", "anchormass_tiny"]])
+def test_cli_rejects_bad_input_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _load_cli().main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_cli_exits_2_as_a_process():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "nope"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown bench preset"), proc.stderr
