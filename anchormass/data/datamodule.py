@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -179,5 +180,9 @@ class SFTDataModule(StepDataModule):
     def _samples(self, split: str) -> MaskedExamples:
         self.data.tokens(split)  # validates the token file
         _, offsets = self.data.sft_arrays(split)
+        too_long = int((np.diff(offsets) > self.seq_len + 1).sum())
+        if too_long:  # their tails are cut; a response cut away entirely leaves a row without loss
+            log.warning("%s/%s: %d of %d examples are longer than seq_len + 1 = %d tokens and are cut",
+                        self.data_dir, split, too_long, len(offsets) - 1, self.seq_len + 1)
         return MaskedExamples(self.data.root / f"{split}.bin", self.data.root / f"{split}.mask.bin", offsets,
                               self.seq_len, self.tokenizer.pad_id)

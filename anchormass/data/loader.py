@@ -57,6 +57,15 @@ class StepLoader(DataLoader):
         it = super().__iter__()  # now, not at the first next(): workers copy the dataset with this start
         return self._counted(it)
 
+    # Lightning treats a loader with state_dict/load_state_dict as resumable (and stops warning that
+    # a mid-epoch resume is unreliable). The position itself is the optimizer step, restored by the
+    # trainer and the DataModule's own state, so there is nothing to store here.
+    def state_dict(self) -> dict:
+        return {"position": "trainer.global_step"}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def _counted(self, it):
         for batch in it:
             self._on_batch()
