@@ -96,7 +96,7 @@ def test_nbytes_counts_every_buffer_and_stats_contract():
     cache.advance(90)
     cap = 64 + (cfg.prefill_chunk // 64 + 1) * 16
     hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
-    per_layer = 4 * d * 2 * (hl * cfg.window + hg * (cfg.n_sinks + cap + cfg.block_size)) + 4 * cap + 8
+    per_layer = 4 * d * 2 * (hl * cfg.window + hg * (cfg.n_sinks + cap + cfg.block_size)) + 4 * (cfg.n_sinks + cfg.block_size + cap) + 8
     assert cache.nbytes == cfg.n_layers * per_layer
     st = cache.stats()
     assert st["tokens"] == 90 and st["mass"] == [90.0, 90.0] and all(8 <= s <= 16 for s in st["slots"])

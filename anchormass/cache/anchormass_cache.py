@@ -1,19 +1,23 @@
 """AnchorMass inference cache (SPEC 2.5): per layer a local ring, sinks, global slots with masses, a raw tail.
 
 Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D):
-  local ring   [B, Hl, W, D]   keys/values of the last W = cfg.window positions (slot = pos % W)
-  sinks        [B, Hg, S, D]   the first S positions, raw forever (mass 1)
-  slots        [B, Hg, cap, D] compressed blocks, chronological; mass [B, cap] (0 = empty);
-                               count [B]: each sequence has its own count, because absent
-                               outlier slots (mass 0) are not stored
-  tail         [B, Hg, C, D]   raw tokens of the current, incomplete block
-Buffers are allocated once at the first chunk (cap = budget + the slots one prefill chunk can
-add before stage 2 runs); they only grow, by doubling, if a chunk brings more than that.
+  local ring  local_k/v [B, Hl, W, D]   the last W = cfg.window positions (ring slot = pos % W)
+  global      glob_k/v  [B, Hg, S + C + cap, D], one buffer in three regions:
+                [0, S)        sinks: the first S positions, raw forever
+                [S, S + C)    tail: raw tokens of the current, incomplete block
+                [S + C, ...)  slots: compressed blocks, chronological, per-sequence count
+              mass [B, S + C + cap] fp32: 1 for raw entries present, the slot masses, 0 = empty
+  counts [B]  stored slots per sequence: absent outlier slots (mass 0) are not stored, so
+              sequences differ
+One buffer means a decode step attends to one contiguous slice with bias log(mass), with no
+copies and no per-step masks. Buffers are allocated at the first chunk (cap = budget + the
+slots one prefill chunk can add before stage 2 runs) and only grow, by doubling, if a chunk
+brings more than that.
 
 A chunk's queries see the cache as it stood at the start of the chunk plus the chunk's own
-tokens, its completed blocks as slots and its current block raw (SPEC 2.2), which is the
-parallel path's attention exactly; stage 1 is the same `compress_blocks` the parallel path
-calls. Stage 2 runs in `after_forward` (once per model forward, after all layers).
+tokens, its completed blocks as slots and its current block raw (SPEC 2.2): the parallel
+path's attention exactly. Stage 1 is the same `compress_blocks` the parallel path calls.
+Stage 2 runs in `after_forward` (once per model forward, after all layers).
 """
 
 from __future__ import annotations
@@ -44,12 +48,11 @@ class AnchorMassLayerCache(LayerCache):
         self.cfg, self.batch_size, self.policy, self.budget = cfg, batch_size, policy, budget
         self.device, self.dtype = device, dtype
         self.n_seen = 0  # tokens this layer has attended
+        self.slot0 = cfg.n_sinks + cfg.block_size  # first slot index in the global buffer
         self.local_k = self.local_v = None  # [B, Hl, W, D]
-        self.sink_k = self.sink_v = None  # [B, Hg, S, D]
-        self.slot_k = self.slot_v = None  # [B, Hg, cap, D]
-        self.slot_mass = None  # [B, cap] fp32, 0 beyond each sequence's count
+        self.glob_k = self.glob_v = None  # [B, Hg, S + C + cap, D]
+        self.mass = None  # [B, S + C + cap] fp32
         self.counts = None  # [B] long
-        self.tail_k = self.tail_v = None  # [B, Hg, C, D]
 
     # ------------------------------------------------------------------ buffers
     def _allocate(self, like: torch.Tensor) -> None:
@@ -59,32 +62,52 @@ class AnchorMassLayerCache(LayerCache):
         hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
         # A chunk of T tokens plus a tail of < C completes at most T // C + 1 blocks.
         cap = self.budget + (cfg.prefill_chunk // cfg.block_size + 1) * cfg.slots_per_block
-        z = lambda *shape: torch.zeros(*shape, device=dev, dtype=dt)  # noqa: E731
-        self.local_k, self.local_v = z(b, hl, cfg.window, d), z(b, hl, cfg.window, d)
-        self.sink_k, self.sink_v = z(b, hg, cfg.n_sinks, d), z(b, hg, cfg.n_sinks, d)
-        self.slot_k, self.slot_v = z(b, hg, cap, d), z(b, hg, cap, d)
-        self.slot_mass = torch.zeros(b, cap, device=dev, dtype=torch.float32)
+        self.local_k = torch.zeros(b, hl, cfg.window, d, device=dev, dtype=dt)
+        self.local_v = torch.zeros_like(self.local_k)
+        self.glob_k = torch.zeros(b, hg, self.slot0 + cap, d, device=dev, dtype=dt)
+        self.glob_v = torch.zeros_like(self.glob_k)
+        self.mass = torch.zeros(b, self.slot0 + cap, device=dev, dtype=torch.float32)
         self.counts = torch.zeros(b, device=dev, dtype=torch.long)
-        self.tail_k, self.tail_v = z(b, hg, cfg.block_size, d), z(b, hg, cfg.block_size, d)
+
+    @property
+    def capacity(self) -> int:
+        """Slots the buffers hold now (0 before the first chunk)."""
+        return 0 if self.mass is None else self.mass.shape[1] - self.slot0
+
+    @property
+    def slot_k(self) -> torch.Tensor:  # [B, Hg, cap, D] views of the slot region
+        return self.glob_k[:, :, self.slot0:]
+
+    @property
+    def slot_v(self) -> torch.Tensor:
+        return self.glob_v[:, :, self.slot0:]
+
+    @property
+    def slot_mass(self) -> torch.Tensor:  # [B, cap]
+        return self.mass[:, self.slot0:]
+
+    @property
+    def sink_k(self) -> torch.Tensor:  # [B, Hg, S, D]
+        return self.glob_k[:, :, :self.cfg.n_sinks]
 
     def _ensure_capacity(self, needed: int) -> None:
-        cap = self.slot_mass.shape[1]
+        cap = self.capacity
         if needed <= cap:
             return
         while cap < needed:
             cap *= 2
-        grow = lambda x: F.pad(x, (0, 0, 0, cap - x.shape[2]))  # noqa: E731  [B, Hg, cap, D]
-        self.slot_k, self.slot_v = grow(self.slot_k), grow(self.slot_v)
-        self.slot_mass = F.pad(self.slot_mass, (0, cap - self.slot_mass.shape[1]))
+        extra = cap - self.capacity
+        self.glob_k = F.pad(self.glob_k, (0, 0, 0, extra))
+        self.glob_v = F.pad(self.glob_v, (0, 0, 0, extra))
+        self.mass = F.pad(self.mass, (0, extra))
 
     def tensors(self):
-        return [self.local_k, self.local_v, self.sink_k, self.sink_v, self.slot_k, self.slot_v,
-                self.slot_mass, self.counts, self.tail_k, self.tail_v]
+        return [self.local_k, self.local_v, self.glob_k, self.glob_v, self.mass, self.counts]
 
     # ------------------------------------------------------------------ attention
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v [B, H, T, D] post-RoPE at positions n_seen + arange(T) -> [B, H, T, D]."""
-        if self.slot_mass is None:
+        if self.mass is None:
             self._allocate(k)
         outs = []
         for s in range(0, q.shape[2], PIECE):
@@ -93,22 +116,37 @@ class AnchorMassLayerCache(LayerCache):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _attend_piece(self, q, k, v):
-        nl = self.cfg.n_local_heads
-        t = q.shape[2]
-        pos = torch.arange(self.n_seen, self.n_seen + t, device=q.device)  # [T] absolute positions
+        nl, t = self.cfg.n_local_heads, q.shape[2]
         out = torch.empty_like(q)
-        if nl:
-            out[:, :nl] = self._attend_local(q[:, :nl], k[:, :nl], v[:, :nl], pos)
-        out[:, nl:] = self._attend_global(q[:, nl:], k[:, nl:], v[:, nl:], pos)
+        if t == 1:  # decode: write first, then attend to buffer slices
+            if nl:
+                out[:, :nl] = self._decode_local(q[:, :nl], k[:, :nl], v[:, :nl])
+            out[:, nl:] = self._decode_global(q[:, nl:], k[:, nl:], v[:, nl:])
+        else:
+            pos = torch.arange(self.n_seen, self.n_seen + t, device=q.device)  # [T] absolute positions
+            if nl:
+                out[:, :nl] = self._chunk_local(q[:, :nl], k[:, :nl], v[:, :nl], pos)
+            out[:, nl:] = self._chunk_global(q[:, nl:], k[:, nl:], v[:, nl:], pos)
         self.n_seen += t
         return out
 
-    def _attend_local(self, q, k, v, pos):
-        """SPEC 2.1: position t sees t - W < j <= t. q, k, v [B, Hl, T, D]."""
+    # local heads (SPEC 2.1: position t sees t - W < j <= t)
+    def _ring_positions(self, end: int, device) -> torch.Tensor:
+        """[W] position held by each ring slot once positions < end are written (negative = empty)."""
+        w = self.cfg.window
+        return end - 1 - torch.remainder(end - 1 - torch.arange(w, device=device), w)
+
+    def _decode_local(self, q, k, v):
+        p0, w = self.n_seen, self.cfg.window
+        self.local_k[:, :, p0 % w] = k[:, :, 0].to(self.local_k.dtype)
+        self.local_v[:, :, p0 % w] = v[:, :, 0].to(self.local_v.dtype)
+        # After the write the ring holds exactly positions p0 - W + 1 .. p0 (those >= 0).
+        mask = None if p0 + 1 >= w else (self._ring_positions(p0 + 1, q.device) >= 0)[None]  # [1, W]
+        return F.scaled_dot_product_attention(q, self.local_k.to(q.dtype), self.local_v.to(q.dtype), attn_mask=mask)
+
+    def _chunk_local(self, q, k, v, pos):
         w, p0 = self.cfg.window, self.n_seen
-        # Position held by ring slot i: the latest p < p0 with p % W == i (negative = empty).
-        ring_pos = p0 - 1 - torch.remainder(p0 - 1 - torch.arange(w, device=q.device), w)  # [W]
-        key_pos = torch.cat([ring_pos, pos])  # [W + T]
+        key_pos = torch.cat([self._ring_positions(p0, q.device), pos])  # [W + T]
         diff = pos[:, None] - key_pos[None, :]  # [T, W + T]
         visible = (key_pos[None, :] >= 0) & (diff >= 0) & (diff < w)
         keys = torch.cat([self.local_k.to(k.dtype), k], dim=2)  # [B, Hl, W + T, D]
@@ -120,71 +158,87 @@ class AnchorMassLayerCache(LayerCache):
         self.local_v[:, :, ring_idx] = v[:, :, -m:].to(self.local_v.dtype)
         return out
 
-    def _attend_global(self, q, k, v, pos):
-        """SPEC 2.2 for the global heads. q, k, v [B, Hg, T, D]."""
+    # global heads (SPEC 2.2)
+    def _mass_bias(self, mass: torch.Tensor) -> torch.Tensor:
+        """+log(mass) logits; with cfg.mass_bias off only mass 0 (absent) is masked."""
+        if self.cfg.mass_bias:
+            return mass.log()
+        return torch.zeros_like(mass).masked_fill(mass <= 0, -math.inf)
+
+    def _decode_global(self, q, k, v):
+        """One token: it is a sink or joins the tail; it sees every present entry (mass > 0)."""
+        cfg, p0 = self.cfg, self.n_seen
+        s, c = cfg.n_sinks, cfg.block_size
+        r0 = (p0 - s) % c if p0 >= s else 0
+        idx = p0 if p0 < s else s + r0
+        self.glob_k[:, :, idx] = k[:, :, 0].to(self.glob_k.dtype)
+        self.glob_v[:, :, idx] = v[:, :, 0].to(self.glob_v.dtype)
+        self.mass[:, idx] = 1.0
+        end = self.slot0 + int(self.counts.max())
+        bias = self._mass_bias(self.mass[:, :end])[:, None, None, :].to(q.dtype)  # [B, 1, 1, K]
+        out = F.scaled_dot_product_attention(q, self.glob_k[:, :, :end].to(q.dtype),
+                                             self.glob_v[:, :, :end].to(q.dtype), attn_mask=bias)
+        if p0 >= s and r0 + 1 == c:  # the block is complete: compress it, empty the tail
+            tail = slice(s, s + c)
+            self._append_slots(*compress_blocks(self.glob_k[:, :, tail], self.glob_v[:, :, tail], cfg))
+            self.mass[:, tail] = 0.0
+        return out
+
+    def _chunk_global(self, q, k, v, pos):
         cfg, p0, t = self.cfg, self.n_seen, q.shape[2]
         s, c = cfg.n_sinks, cfg.block_size
-        dev, dt = q.device, q.dtype
+        dev, dt, b = q.device, q.dtype, q.shape[0]
 
         # Sinks: store this piece's positions < S first, then every query sees sinks <= itself.
         n_new_sink = max(0, min(s - p0, t))
-        self.sink_k[:, :, p0:p0 + n_new_sink] = k[:, :, :n_new_sink].to(self.sink_k.dtype)
-        self.sink_v[:, :, p0:p0 + n_new_sink] = v[:, :, :n_new_sink].to(self.sink_v.dtype)
+        self.glob_k[:, :, p0:p0 + n_new_sink] = k[:, :, :n_new_sink].to(self.glob_k.dtype)
+        self.glob_v[:, :, p0:p0 + n_new_sink] = v[:, :, :n_new_sink].to(self.glob_v.dtype)
+        self.mass[:, p0:p0 + n_new_sink] = 1.0
         n_sink = min(s, p0 + t)
 
         # Raw stream from the start of the current block: old tail + this piece's non-sink tokens.
         r0 = (p0 - s) % c if p0 >= s else 0
-        raw_k = torch.cat([self.tail_k[:, :, :r0].to(dt), k[:, :, n_new_sink:]], dim=2)  # [B, Hg, R, D]
-        raw_v = torch.cat([self.tail_v[:, :, :r0].to(dt), v[:, :, n_new_sink:]], dim=2)
+        raw_k = torch.cat([self.glob_k[:, :, s:s + r0].to(dt), k[:, :, n_new_sink:]], dim=2)  # [B, Hg, R, D]
+        raw_v = torch.cat([self.glob_v[:, :, s:s + r0].to(dt), v[:, :, n_new_sink:]], dim=2)
         raw_start = max(p0, s) - r0  # absolute position of raw index 0 (a block start)
         n_raw = raw_k.shape[2]
         n_blocks = n_raw // c  # blocks this piece completes
         if n_blocks:
             new_k, new_v, new_mass = compress_blocks(raw_k[:, :, :n_blocks * c], raw_v[:, :, :n_blocks * c], cfg)
-        else:  # most decode steps: skip stage 1's fixed cost
-            new_k, new_v = raw_k[:, :, :0], raw_v[:, :, :0]
-            new_mass = torch.zeros(q.shape[0], 0, device=dev)
+        else:
+            new_k, new_v, new_mass = raw_k[:, :, :0], raw_v[:, :, :0], torch.zeros(b, 0, device=dev)
 
-        # Visibility. Block index of a query relative to raw_start; -1 for sink positions.
+        # Visibility. Query block relative to raw_start; -1 while the query is a sink.
         q_block = torch.where(pos >= s, torch.div(pos - raw_start, c, rounding_mode="floor"), -1)  # [T]
         raw_pos = raw_start + torch.arange(n_raw, device=dev)  # [R]
-        raw_block = torch.div(raw_pos - raw_start, c, rounding_mode="floor")
+        raw_block = torch.arange(n_raw, device=dev) // c
         new_block = torch.arange(new_mass.shape[1], device=dev) // cfg.slots_per_block  # [N]
         sink_vis = torch.arange(n_sink, device=dev)[None, :] <= pos[:, None]  # [T, S']
         new_vis = new_block[None, :] < q_block[:, None]  # [T, N]: blocks entirely before t's block
         raw_vis = (raw_block[None, :] == q_block[:, None]) & (raw_pos[None, :] <= pos[:, None])  # [T, R]
-        # Old slots come from blocks completed before this piece: visible to every query that
-        # has a block (there are none yet while queries are still sinks).
-        n_old = int(self.counts.max())
-        old_mass = self.slot_mass[:, :n_old]  # [B, n_old]
-
-        b = q.shape[0]
-        mass_bias = self._mass_bias
+        # Stored slots come from blocks completed before this piece: visible to every query
+        # (none exist while queries are still sinks); padding slots have mass 0.
+        slots = slice(self.slot0, self.slot0 + int(self.counts.max()))
+        n_old = slots.stop - slots.start
         bias = torch.cat([
             _neg_inf_where_not(sink_vis).expand(b, t, n_sink),
-            mass_bias(old_mass)[:, None, :].expand(b, t, n_old),
-            mass_bias(new_mass)[:, None, :] + _neg_inf_where_not(new_vis)[None],
+            self._mass_bias(self.mass[:, slots])[:, None, :].expand(b, t, n_old),
+            self._mass_bias(new_mass.float())[:, None, :] + _neg_inf_where_not(new_vis)[None],
             _neg_inf_where_not(raw_vis).expand(b, t, n_raw),
         ], dim=2)  # [B, T, K]
-        keys = torch.cat([self.sink_k[:, :, :n_sink].to(dt), self.slot_k[:, :, :n_old].to(dt),
-                          new_k.to(dt), raw_k], dim=2)  # [B, Hg, K, D]
-        vals = torch.cat([self.sink_v[:, :, :n_sink].to(dt), self.slot_v[:, :, :n_old].to(dt),
-                          new_v.to(dt), raw_v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, None].to(dt))
+        keys = torch.cat([self.glob_k[:, :, :n_sink].to(dt), self.glob_k[:, :, slots].to(dt), new_k.to(dt), raw_k], 2)
+        vals = torch.cat([self.glob_v[:, :, :n_sink].to(dt), self.glob_v[:, :, slots].to(dt), new_v.to(dt), raw_v], 2)
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, None].to(dt))  # [B, Hg, T, D]
 
         if n_blocks:
             self._append_slots(new_k, new_v, new_mass)
         rest = n_raw - n_blocks * c  # the new tail
-        self.tail_k[:, :, :rest] = raw_k[:, :, n_blocks * c:].to(self.tail_k.dtype)
-        self.tail_v[:, :, :rest] = raw_v[:, :, n_blocks * c:].to(self.tail_v.dtype)
+        if n_raw:  # (a piece of sinks only leaves the empty tail as it is)
+            self.glob_k[:, :, s:s + rest] = raw_k[:, :, n_blocks * c:].to(self.glob_k.dtype)
+            self.glob_v[:, :, s:s + rest] = raw_v[:, :, n_blocks * c:].to(self.glob_v.dtype)
+            self.mass[:, s:s + rest] = 1.0
+            self.mass[:, s + rest:self.slot0] = 0.0
         return out
-
-    def _mass_bias(self, mass: torch.Tensor) -> torch.Tensor:
-        """+log(mass) logits (SPEC 2.2); with cfg.mass_bias off only mass 0 is masked."""
-        mass = mass.float()
-        if self.cfg.mass_bias:
-            return mass.log()
-        return torch.zeros_like(mass).masked_fill(mass <= 0, -math.inf)
 
     def _append_slots(self, new_k, new_v, new_mass) -> None:
         """Store the present slots (mass > 0) after each sequence's own count, in order."""
@@ -192,10 +246,10 @@ class AnchorMassLayerCache(LayerCache):
         added = present.sum(dim=1)  # [B]
         self._ensure_capacity(int((self.counts + added).max()))
         b_idx, n_idx = present.nonzero(as_tuple=True)  # [P] each
-        dest = self.counts[b_idx] + present.long().cumsum(dim=1)[b_idx, n_idx] - 1
-        self.slot_k[b_idx, :, dest] = new_k[b_idx, :, n_idx].to(self.slot_k.dtype)  # [P, Hg, D]
-        self.slot_v[b_idx, :, dest] = new_v[b_idx, :, n_idx].to(self.slot_v.dtype)
-        self.slot_mass[b_idx, dest] = new_mass[b_idx, n_idx].float()
+        dest = self.slot0 + self.counts[b_idx] + present.long().cumsum(dim=1)[b_idx, n_idx] - 1
+        self.glob_k[b_idx, :, dest] = new_k[b_idx, :, n_idx].to(self.glob_k.dtype)  # [P, Hg, D]
+        self.glob_v[b_idx, :, dest] = new_v[b_idx, :, n_idx].to(self.glob_v.dtype)
+        self.mass[b_idx, dest] = new_mass[b_idx, n_idx].float()
         self.counts += added
 
     # ------------------------------------------------------------------ stage 2 and stats
@@ -204,28 +258,21 @@ class AnchorMassLayerCache(LayerCache):
             return
         for b in (self.counts > self.budget).nonzero().flatten().tolist():
             n = int(self.counts[b])
-            keys, vals, mass = self.policy.reduce(self.slot_k[b, :, :n], self.slot_v[b, :, :n],
-                                                  self.slot_mass[b, :n], self.budget)
+            region = slice(self.slot0, self.slot0 + n)
+            keys, vals, mass = self.policy.reduce(self.glob_k[b, :, region], self.glob_v[b, :, region],
+                                                  self.mass[b, region], self.budget)
             m = mass.shape[0]
-            self.slot_k[b, :, :m], self.slot_v[b, :, :m], self.slot_mass[b, :m] = keys, vals, mass
-            self.slot_k[b, :, m:n] = 0
-            self.slot_v[b, :, m:n] = 0
-            self.slot_mass[b, m:n] = 0
+            kept, freed = slice(self.slot0, self.slot0 + m), slice(self.slot0 + m, self.slot0 + n)
+            self.glob_k[b, :, kept], self.glob_v[b, :, kept], self.mass[b, kept] = keys, vals, mass
+            self.glob_k[b, :, freed], self.glob_v[b, :, freed], self.mass[b, freed] = 0, 0, 0
             self.counts[b] = m
 
-    def seq_stats(self) -> tuple[list[int], list[float]]:
-        """Per sequence: stored slots, and mass of sinks + slots + tail."""
-        cfg = self.cfg
-        if self.counts is None:
-            return [0] * self.batch_size, [0.0] * self.batch_size
-        raw = min(self.n_seen, cfg.n_sinks)
-        if self.n_seen > cfg.n_sinks:
-            raw += (self.n_seen - cfg.n_sinks) % cfg.block_size
-        mass = self.slot_mass.double().sum(dim=1) + raw
-        return self.counts.tolist(), [float(x) for x in mass.tolist()]
-
     def stats(self) -> dict:
-        slots, mass = self.seq_stats()
+        """'slots': stored slots; 'mass': sinks + slots + tail; per sequence when batch > 1."""
+        if self.counts is None:
+            slots, mass = [0] * self.batch_size, [0.0] * self.batch_size
+        else:
+            slots, mass = self.counts.tolist(), [float(x) for x in self.mass.double().sum(dim=1).tolist()]
         if self.batch_size == 1:
             return {"slots": slots[0], "mass": mass[0]}
         return {"slots": slots, "mass": mass}
