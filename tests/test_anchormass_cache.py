@@ -111,3 +111,14 @@ def test_make_cache_rejects_bad_arguments():
         make_cache(TINY, batch_size=0)
     cache = make_cache(TINY.replace(slot_policy="fifo", slot_budget=128))
     assert cache.budget == 128 and cache.policy.name == "fifo"
+
+
+def test_bf16_cache_runs_and_stays_close_to_the_fp32_oracle():
+    q, k, v = qkv(ODD, 2, 120, seed=4)
+    want = reference_anchormass_attention(q, k, v, ODD)
+    cache = make_cache(ODD, batch_size=2, dtype=torch.bfloat16)
+    got = run_chunks(cache.layers[0], q.bfloat16(), k.bfloat16(), v.bfloat16(), 9)
+    assert got.dtype == torch.bfloat16 and cache.layers[0].glob_k.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max().item() < 0.1
+    tok = run_chunks(cache.layers[0], q[:, :, :1].bfloat16(), k[:, :, :1].bfloat16(), v[:, :, :1].bfloat16(), 1)
+    assert torch.isfinite(tok.float()).all()
