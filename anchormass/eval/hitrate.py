@@ -122,7 +122,10 @@ class HitRateSuite(Suite):
         return {"settings": {**{k: getattr(self.probe, k) for k in ("window", "kernel", "pooling", "budget",
                                                                       "threshold")},
                              "lengths": self.lengths, "n_prompts": self.n_prompts, "new_tokens": self.new_tokens,
-                             "prompts": self.source.describe()},
+                             "prompts": self.source.describe(),
+                             # What a vote picking prefix positions at random would score, per length.
+                             "chance": {n: min(1.0, (self.probe.budget - self.probe.window) / (n - self.probe.window))
+                                        for n in self.lengths}},
                 "models": per_model, "summary": summary, "items": items}
 
     def report(self, result: dict) -> str:
@@ -131,11 +134,15 @@ class HitRateSuite(Suite):
                f"Share of prefix positions with attention > {s['threshold']} (generated tokens) that the "
                f"observation-window vote selected: window {s['window']}, {s['pooling']}-pool kernel {s['kernel']}, "
                f"budget {s['budget']} tokens per head; prompts: {s['prompts']}, lengths {s['lengths']}, "
-               f"{s['n_prompts']} per length, {s['new_tokens']} greedy tokens each.\n"]
+               f"{s['n_prompts']} per length, {s['new_tokens']} greedy tokens each. Cells: hit rate "
+               f"(selected / important positions, summed over generated tokens and prompts). A random "
+               f"selection of the same size would score {_chance(s)}.\n"]
         for lab, r in result["models"].items():
             rate = np.array(r["hit_rate"], dtype=float)
             head = ["layer"] + [f"head {h}" for h in range(rate.shape[1])] + ["mean"]
-            rows = [[str(layer)] + [_pct(x) for x in row] + [_pct(_mean(row))] for layer, row in enumerate(rate)]
+            hits, important = np.array(r["hits"]), np.array(r["important"])
+            rows = [[str(layer)] + [tables.pct(int(h), int(n)) for h, n in zip(hits[layer], important[layer])]
+                    + [_pct(_mean(row))] for layer, row in enumerate(rate)]
             o = overview(rate)
             tail = ("no generated token put more than the threshold on any prefix position (attention too flat)"
                     if o["hit_rate_mean"] is None else
@@ -151,6 +158,10 @@ class HitRateSuite(Suite):
 
 def _pct(x: float) -> str:
     return "-" if x is None or np.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _chance(settings: dict) -> str:
+    return ", ".join(f"{_pct(c)} at {int(n):,}" for n, c in settings["chance"].items())
 
 
 def _mean(x: np.ndarray) -> float:
@@ -181,6 +192,8 @@ def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
                 if not np.isnan(rate[i, j]):
                     ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=7,
                             color="white" if rate[i, j] < 0.5 else "black")
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(n_layers))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"SnapKV hit rate: {label}")
