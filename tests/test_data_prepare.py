@@ -60,6 +60,14 @@ def test_local_sources_and_text_field(tmp_path):
     assert list(iter_documents({"paths": [str(tmp_path / "x.parquet")]})[0]) == ["p one", "p two"]
 
 
+def test_several_sources_with_their_own_cleaners(tmp_path):
+    (tmp_path / "a.txt").write_text("猫《ねこ》が居る。\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "ＡＢＣ《x》"}) + "\n")
+    docs, desc = iter_documents([{"paths": [str(tmp_path / "a.txt")], "cleaners": ["aozora"]},
+                                 {"paths": [str(tmp_path / "b.jsonl")]}], ["nfkc"])
+    assert list(docs) == ["猫が居る。", "ABC《x》"] and " + " in desc
+
+
 def test_empty_corpus_leaves_nothing(tmp_path):
     (tmp_path / "empty.jsonl").write_text(json.dumps({"text": "   "}) + "\n")
     with pytest.raises(DataError):

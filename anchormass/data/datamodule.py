@@ -22,6 +22,7 @@ does); a partly accumulated step is redone from its first micro-batch after a re
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import lightning as L
@@ -36,6 +37,10 @@ from anchormass.data.samples import MaskedExamples, TokenWindows
 from anchormass.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
+
+# Lightning warns about any IterableDataset with __len__ that workers might duplicate data; ours
+# assigns micro-batches to workers explicitly (loader.py), so the length is exact.
+warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
 
 
 class _ValSet(Dataset):

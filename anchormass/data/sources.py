@@ -133,12 +133,14 @@ def _load(src: Mapping[str, Any]):
 def iter_documents(src: Mapping[str, Any], cleaners: list[str] | str | None = None) -> tuple[Iterator[str], str]:
     """(documents, description): read, clean (whole documents, so e.g. the Aozora header is seen),
     then cut into chunks and limit. Empty / whitespace-only documents are skipped."""
-    if isinstance(src, (list, tuple)) or hasattr(src, "__len__") and not isinstance(src, Mapping):
+    if isinstance(src, (list, tuple)):
         # several sources, read one after the other; each may set its own `cleaners`
         parts = [iter_documents(s, s.get("cleaners", cleaners)) for s in src]
         if not parts:
             raise ConfigError("source list is empty")
         return itertools.chain.from_iterable(p[0] for p in parts), " + ".join(p[1] for p in parts)
+    if not isinstance(src, Mapping):
+        raise ConfigError(f"data source must be a mapping or a list of them, got {type(src).__name__}")
     cleaner_fns = get_cleaners(cleaners)
     if src.get("kind") == "demo":
         from anchormass.data.demo_corpus import demo_documents

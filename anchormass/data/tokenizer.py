@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -96,7 +97,9 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
     if not 8 + 256 < vocab_size <= MAX_VOCAB:
         raise DataError(f"tokenizer vocab_size must be in (264, {MAX_VOCAB}] (8 reserved + 256 byte pieces), "
                         f"got {vocab_size}")
-    lines = list(_training_lines(texts))
+    # The first max_sentences lines only: bounded memory on large corpora (SentencePiece would
+    # sample that many anyway), and reading stops early.
+    lines = list(itertools.islice(_training_lines(texts), max_sentences))
     if not lines:
         raise DataError("cannot train a tokenizer on an empty corpus")
     spm.set_random_generator_seed(seed)
