@@ -59,6 +59,13 @@ def test_every_policy_generates_within_budget(policy):
     assert out.shape == (2, 3) and out.min() >= 0 and out.max() < m.cfg.vocab_size
 
 
+@pytest.mark.parametrize("policy", ["snapkv", "h2o", "streaming_llm"])
+def test_standard_kv_policies_generate(policy):
+    m = model("standard_tiny")
+    out = generate(m, prompts(m, 2, 150, seed=4), max_new_tokens=3, policy=policy, budget=48, chunk_size=64)
+    assert out.shape == (2, 3) and out.min() >= 0 and out.max() < m.cfg.vocab_size
+
+
 def test_eos_stops_and_pads_finished_sequences_and_callback_streams():
     m = model("anchormass_tiny")
     ids = prompts(m, 2, 40, seed=5)
