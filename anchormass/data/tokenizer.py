@@ -13,6 +13,7 @@ import hashlib
 import io
 import itertools
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -102,6 +103,8 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
     lines = list(itertools.islice(_training_lines(texts), max_sentences))
     if not lines:
         raise DataError("cannot train a tokenizer on an empty corpus")
+    # SentencePiece has no progress bar of its own; say what is about to take a while.
+    print(f"training a {model_type} tokenizer (vocab {vocab_size}) on {len(lines)} lines ...", file=sys.stderr)
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
