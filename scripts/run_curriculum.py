@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from anchormass.cli import exit_on_error  # noqa: E402
 from anchormass.data.atomic import write_json  # noqa: E402
 from anchormass.errors import ConfigError, DataError  # noqa: E402
-from anchormass.training.curriculum import REPO_ROOT, StageRun, execute, load_curriculum, plan  # noqa: E402
+from anchormass.training.curriculum import REPO_ROOT, StageRun, datasets, execute, load_curriculum, plan  # noqa: E402
 
 OPTIONS = ("curriculum", "models", "runs_root", "evaluate")
 
@@ -34,16 +34,15 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, extra
 
 
-def prepare_data(names: set[str]) -> None:
-    """Prepare each dataset the curriculum reads if its folder is missing (the demo: seconds)."""
-    for name in sorted(names):
-        if (REPO_ROOT / "data" / name / "train.bin.json").is_file():
+def prepare_data(cfg) -> None:
+    """Prepare each dataset the curriculum reads whose folder is missing (the demo ones: seconds)."""
+    for args, folder in datasets(cfg):
+        if (folder / "meta.json").is_file():
             continue
-        print(f"preparing data/{name} ...", flush=True)
-        rc = subprocess.call([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), f"data={name}"],
-                             cwd=REPO_ROOT)
+        print(f"preparing {folder} ({' '.join(args)}) ...", flush=True)
+        rc = subprocess.call([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), *args], cwd=REPO_ROOT)
         if rc != 0:
-            raise DataError(f"preparing data={name} failed (exit {rc})")
+            raise DataError(f"preparing {folder} failed (exit {rc})")
 
 
 def evaluate(cfg, runs: list[StageRun], root: Path) -> list[str]:
@@ -74,7 +73,7 @@ def main(argv: list[str]) -> None:
     if "models" in opts:
         cfg.models = opts["models"].split(",")
     root = Path(opts.get("runs_root", "runs"))
-    prepare_data({str(s.get("data", cfg.data)) for s in cfg.stages})
+    prepare_data(cfg)
     runs = plan(cfg, root, extra)
     summary = execute(runs, log=lambda msg: print(msg, flush=True))
     reports = evaluate(cfg, runs, root) if opts.get("evaluate", "true").lower() != "false" else []

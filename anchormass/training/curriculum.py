@@ -1,7 +1,7 @@
 """The multi-stage curriculum: a plan of `train.py` runs (model x stage) chained by `init_from`.
 
-A curriculum file (configs/curriculum/<name>.yaml) lists models, stages (each seeded from an
-earlier stage's last checkpoint) and the closing evaluations. Runs land in
+A curriculum file (configs/curriculum/<name>.yaml) lists models, stages (each with its dataset,
+seeded from an earlier stage's last checkpoint) and the closing evaluations. Runs land in
 `runs/<curriculum>/<model>/<stage>/`. Re-running the same command continues where it stopped:
 finished stages (train_result.json at the stage's total steps) are skipped, an interrupted one
 resumes exactly from its own last.ckpt.
@@ -23,6 +23,7 @@ from anchormass.training.run import RESULT_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CURRICULUM_DIR = REPO_ROOT / "configs" / "curriculum"
+DATA_CONFIG_DIR = REPO_ROOT / "configs" / "data"
 
 
 @dataclass
@@ -57,7 +58,34 @@ def load_curriculum(name_or_path: str) -> DictConfig:
     for key in ("name", "models", "stages"):
         if key not in cfg:
             raise ConfigError(f"curriculum {path} lacks '{key}'")
+    for s in cfg.stages:
+        if "stage" not in s or "data" not in s:
+            raise ConfigError(f"curriculum {path}: every stage entry needs 'stage' and 'data', got {dict(s)}")
     return cfg
+
+
+def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
+    """Each distinct dataset the curriculum reads: (prepare_data.py arguments, prepared folder)."""
+    out: dict[Path, list[str]] = {}
+    for s in cfg.stages:
+        path = DATA_CONFIG_DIR / f"{s.data}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"curriculum {cfg.name}: stage {s.stage} reads unknown data '{s.data}' (no {path})")
+        overrides = list(s.get("data_overrides") or [])
+        data = OmegaConf.merge(OmegaConf.load(path),
+                               OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
+        folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
+        out.setdefault(folder, [f"data={s.data}", *overrides])
+    return [(args, folder) for folder, args in out.items()]
+
+
+def merge_overrides(args: list[str]) -> list[str]:
+    """Later `key=value` wins (Hydra refuses the same group twice, e.g. trainer=gpu trainer=ddp)."""
+    merged: dict[str, str] = {}
+    for arg in args:
+        merged.pop(arg.split("=", 1)[0], None)
+        merged[arg.split("=", 1)[0]] = arg
+    return list(merged.values())
 
 
 def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
@@ -73,10 +101,10 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
                 raise ConfigError(f"curriculum {cfg.name}: stage {s.stage} starts from {parent}, "
                                   f"which is not an earlier stage (order: {names})")
             out = runs_root / str(cfg.name) / str(model) / str(s.stage)
-            args = [f"stage={s.stage}", f"model={model}", f"data={s.get('data', cfg.data)}",
+            args = [f"stage={s.stage}", f"model={model}", f"data={s.data}", *list(s.get("data_overrides") or []),
                     f"trainer={cfg.get('trainer', 'cpu')}", f"run_name={cfg.name}", f"hydra.run.dir={out}"]
             args += [f"stage.{k}={v}" for k, v in (s.get("set") or {}).items()]
-            args += list(cfg.get("overrides") or []) + list(extra)
+            args = merge_overrides(args + list(cfg.get("overrides") or []) + list(extra))
             run = StageRun(str(model), str(s.stage), out, done[parent].last_ckpt if parent else None, args)
             done[s.stage] = run
             runs.append(run)

@@ -12,19 +12,30 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from anchormass.data.atomic import write_json
 from anchormass.data.dataset_dir import fingerprint, read_metadata
-from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
 
 RESUME_KEYWORDS = ("last", "hpc", "registry")
 RESULT_FILE = "train_result.json"
+
+
+def build(node: Any) -> Any:
+    """hydra.utils.instantiate, but our own one-line errors come through unwrapped."""
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, AnchorMassError):
+            raise err.__cause__ from None
+        raise
 
 
 def check_output_dir(path: str | os.PathLike) -> Path:
@@ -100,11 +111,13 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     tcfg.pop("peak_tflops", None)  # read by the Throughput callback, not a Trainer argument
     strategy = tcfg.pop("strategy", "auto")
     if isinstance(strategy, dict):
-        strategy = instantiate(strategy)
-    logger = instantiate(cfg.logger) if cfg.get("logger") else False
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+        strategy = build(strategy)
+    logger = build(cfg.logger) if cfg.get("logger") else False
+    callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     if not logger:  # LearningRateMonitor refuses to run without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    if not tcfg.get("enable_progress_bar", True):  # nor may a progress bar exist when it is off
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     accumulate = accumulation(cfg.stage, world)
     return L.Trainer(
         **tcfg,
@@ -129,6 +142,19 @@ def _is_fsdp(strategy: Any) -> bool:
     return "fsdp" in (strategy if isinstance(strategy, str) else type(strategy).__name__).lower()
 
 
+# Fields that make two models different architectures even when their tensors have equal shapes
+# (Standard and AnchorMass have identical parameter lists).
+ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim", "vocab_size",
+               "n_local_heads", "n_global_heads")
+
+
+def check_same_architecture(saved: dict, model_cfg, path) -> None:
+    now = model_cfg.to_dict()
+    diff = [f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in ARCH_FIELDS if saved.get(k) != now[k]]
+    if diff:
+        raise CheckpointError(f"init_from {path} is a different model ({'; '.join(diff)})")
+
+
 def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageModel:
     trained_lengths: list[int] = []
     init_ckpt = None
@@ -148,6 +174,7 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
         loss_chunk=int(cfg.stage.get("loss_chunk", 1024)))
     if init_ckpt is not None:
+        check_same_architecture(init_ckpt["hyper_parameters"]["model_config"], model_cfg, cfg.init_from)
         load_weights(module.model, init_ckpt, cfg.init_from)
     return module
 
@@ -164,7 +191,7 @@ def train(cfg: DictConfig) -> dict:
     out = check_output_dir(cfg.output_dir)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     module = build_module(cfg, data_dir, meta)
-    datamodule = instantiate(cfg.stage.datamodule)
+    datamodule = build(cfg.stage.datamodule)
     trainer = build_trainer(cfg, out)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
