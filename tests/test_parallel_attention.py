@@ -24,9 +24,9 @@ def _qkv(b, h, t, d, seed):
     return q, k, v
 
 
-def _parallel(cfg, q, k, v, chunk=1024):
+def _parallel(cfg, q, k, v, chunk=256, recompute_above=4096):
     attn = AnchorMassAttention(cfg.replace(attn_impl="block_sdpa"), layer_idx=0)
-    attn.query_chunk = chunk
+    attn.query_chunk, attn.recompute_above = chunk, recompute_above
     return attn.parallel_attention(q, k, v)
 
 
@@ -60,11 +60,13 @@ def test_ablations_change_the_output():
         assert (base - _parallel(_small(**changes), q, k, v)).abs().max() > 1e-3, changes
 
 
-def test_gradients_match_reference():
+@pytest.mark.parametrize("recompute_above", [0, 4096])  # 0: every chunk is rebuilt in backward
+def test_gradients_match_reference(recompute_above):
     cfg = _small()
     q0, k0, v0 = _qkv(2, 4, 90, 32, seed=3)
     grads = []
-    for fn in (lambda q, k, v: _parallel(cfg, q, k, v, 32), lambda q, k, v: reference_anchormass_attention(q, k, v, cfg)):
+    for fn in (lambda q, k, v: _parallel(cfg, q, k, v, 32, recompute_above),
+               lambda q, k, v: reference_anchormass_attention(q, k, v, cfg)):
         q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
         w = torch.linspace(-1, 1, 90 * 32).view(90, 32)
         (fn(q, k, v) * w).sum().backward()

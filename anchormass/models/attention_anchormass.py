@@ -23,7 +23,8 @@ def resolve_impl(attn_impl: str, device: torch.device) -> str:
 
 
 class AnchorMassAttention(SelfAttention):
-    query_chunk = 1024  # block_sdpa: queries per SDPA call (keeps the Python loop short)
+    query_chunk = 256  # block_sdpa: queries per SDPA call (see kernels/block_sdpa.py)
+    recompute_above = 4096  # block_sdpa training: rebuild per-chunk keys/bias in backward beyond this length
 
     def parallel_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         cfg, nl = self.cfg, self.cfg.n_local_heads
@@ -32,8 +33,8 @@ class AnchorMassAttention(SelfAttention):
         if nl:
             parts.append(kernel.local_attention(q[:, :nl], k[:, :nl], v[:, :nl], cfg.window,
                                                 chunk=self.query_chunk))  # [B, Hl, T, D]
-        parts.append(kernel.global_attention(q[:, nl:], k[:, nl:], v[:, nl:], cfg,
-                                             chunk=self.query_chunk))  # [B, Hg, T, D]
+        parts.append(kernel.global_attention(q[:, nl:], k[:, nl:], v[:, nl:], cfg, chunk=self.query_chunk,
+                                             recompute=q.shape[2] > self.recompute_above))  # [B, Hg, T, D]
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def _kernel(self, q: torch.Tensor):

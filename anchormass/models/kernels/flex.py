@@ -48,12 +48,15 @@ def _global_mask(t: int, n_sink: int, n_slots: int, n_sinks: int, block_size: in
 
 
 def local_attention(q, k, v, window: int, chunk: int | None = None) -> torch.Tensor:
-    """Sliding window of `window` keys (query included). q, k, v: [B, H, T, D]; `chunk` unused."""
+    """Sliding window of `window` keys (query included). q, k, v: [B, H, T, D].
+
+    `chunk` (and `recompute` below) exist for signature parity with block_sdpa; flex needs neither.
+    """
     return _flex(q, k, v, block_mask=_local_mask(q.shape[2], window, str(q.device)))
 
 
-def global_attention(q, k, v, cfg: ModelConfig, chunk: int | None = None) -> torch.Tensor:
-    """SPEC 2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE; `chunk` unused."""
+def global_attention(q, k, v, cfg: ModelConfig, chunk: int | None = None, recompute: bool = False) -> torch.Tensor:
+    """SPEC 2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE."""
     b, _, t, _ = q.shape
     n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, cfg)
     n_slots = slot_lm.shape[1]
