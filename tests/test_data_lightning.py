@@ -56,3 +56,35 @@ def test_lightning_resume_continues_the_global_order(tmp_path):
         glued = torch.cat(full[step * ACC:(step + 1) * ACC])
         want = torch.stack([torch.from_numpy(ref.train_samples.get(int(i))[0]) for i in ref.order.global_batch(step)])
         assert torch.equal(glued, want)
+
+
+class RankRecorder(L.LightningModule):
+    """Saves every micro-batch it trains on to out/rank<r>_<i>.pt (runs in spawned processes)."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = str(out)
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def training_step(self, batch, batch_idx):
+        torch.save(batch["input_ids"], f"{self.out}/rank{self.global_rank}_{batch_idx}.pt")
+        return self.w * batch["input_ids"].float().mean() * 0.0
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_ranks_take_slices_of_the_same_global_batches(tmp_path):
+    data_dir = tiny_pretrain(tmp_path / "tiny")
+    steps = 3
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                        default_root_dir=tmp_path)
+    trainer.fit(RankRecorder(tmp_path), datamodule=PretrainDataModule(data_dir, SEQ, GBS, seed=42))
+    ref = PretrainDataModule(data_dir, SEQ, GBS, seed=42)
+    for step in range(steps):
+        glued = torch.cat([torch.load(tmp_path / f"rank{r}_{step}.pt") for r in (0, 1)])
+        want = torch.stack([torch.from_numpy(ref.train_samples.get(int(i))[0]) for i in ref.order.global_batch(step)])
+        assert glued.shape[0] == GBS and torch.equal(glued, want)
