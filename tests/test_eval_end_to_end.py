@@ -121,6 +121,7 @@ def test_profile_passkey_policies_in_process(assets, tmp_path):
     assert len(main) == 2 * 2 * 2  # models x lengths x depths x seeds
     assert {r["phrasing"] for r in pk["items"]} == set(PHRASINGS["ja"])
     assert all(r["status"] == "ok" and 0 <= r["digits"] <= 4 for r in pk["items"])
+    assert {c["n"] for c in pk["robustness"]["by_phrasing"]["standard_tiny"].values()} == {2}
     # both models saw identical trials
     key = lambda r: (r["length"], r["depth"], r["seed"], r["phrasing"], r["key"])  # noqa: E731
     assert sorted(map(key, (r for r in pk["items"] if r["model"] == "anchormass_tiny"))) == \

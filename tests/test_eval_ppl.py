@@ -68,3 +68,28 @@ def test_cached_mode_matches_parallel_before_stage_two():
         cac = cached_target_logprobs(model, ids, 100, chunk=96)
     assert par.shape == cac.shape == (2, 199)
     assert (par - cac).abs().max().item() < 1e-4
+
+
+class OomAbove(Bigram):
+    """Runs out of memory on inputs longer than `limit` tokens."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+
+    def forward(self, ids):
+        if ids.shape[1] > self.limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(ids)
+
+
+def test_oom_at_a_length_is_a_recorded_result(tmp_path):
+    cfg = load_model_config("standard_tiny").replace(vocab_size=50)
+    m = EvalModel("oomy", OomAbove(200), cfg, "test", {"_max_context": None})
+    ctx = _ctx([m], tmp_path)
+    suite = PplSuite({"contexts": [0, 300], "target_len": 64, "n_anchors": 3})
+    suite.check(ctx)
+    res = suite.run(ctx)
+    rows = {r["context"]: r for r in res["rows"]}
+    assert rows[0]["oomy"]["ppl"] > 1 and rows[300]["oomy"] == "OOM"
+    assert "OOM" in suite.report(res)

@@ -41,14 +41,14 @@ PHRASINGS: dict[str, dict[str, tuple[str, str, str]]] = {
     },
     "en": {
         "plain": ("", "The passkey is {key}. Remember it. {key} is the passkey. ",
-                  "What is the passkey? The passkey is"),
+                  "Question: What is the passkey? Answer:"),
         "prefix": ("There is an important piece of information hidden inside a lot of irrelevant text. "
                    "Find it and memorize it. ",
                    "The passkey is {key}. Remember it. {key} is the passkey. ",
-                   "What is the passkey? The passkey is"),
+                   "Question: What is the passkey? Answer:"),
         "paraphrase": ("", "The secret number is {key}. Do not forget this number. ",
                        "Please tell me the secret number mentioned earlier. The secret number is"),
-        "memo": ("", "\nMemo: passkey = {key}.\n", "\nQuestion: What is the passkey in the memo? Answer:"),
+        "memo": ("", "\nMemo: passkey = {key}.\n", "\nWhich passkey does the memo give? The passkey is"),
         "dialogue": ("", "\nA: Tell me the passkey.\nB: The passkey is {key}.\n",
                      "\nA: What was the passkey you told me?\nB: The passkey is"),
     },

@@ -70,6 +70,11 @@ class JcqaSuite(Suite):
     name = "jcqa"
     needs_tokenizer = True
 
+    def applies(self, ctx: EvalContext) -> str | None:
+        if not any(self.opt(k) for k in ("dir", "valid", "hub")):
+            return "no JCommonsenseQA data: pass eval.jcqa.dir=<JGLUE folder>, eval.jcqa.valid=<jsonl> or eval.jcqa.hub=<name>"
+        return None
+
     def check(self, ctx: EvalContext) -> None:
         super().check(ctx)
         self.template = {**TEMPLATE, **(self.opt("template") or {})}

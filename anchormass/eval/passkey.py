@@ -110,7 +110,7 @@ class PasskeySuite(Suite):
                        for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p)]
         trials = list(dict.fromkeys(trials))  # the robustness run's plain trials may repeat the main ones
         for L in {t.length for t in trials}:
-            ctx.check_length("passkey", L + int(self.opt("max_new_tokens", 8)))
+            ctx.check_length("passkey", L)
         for t in trials:
             self.hay.build(t)  # too short / unknown phrasing -> ConfigError before anything runs
         self.trials = trials
@@ -134,7 +134,9 @@ class PasskeySuite(Suite):
                "filler": self.hay.filler, "lang": self.hay.lang, "phrasing": main_phr,
                "by_length": by_length, "heatmap": heat_rate, "items": records}
         if self.rob_length:
-            rob = [r for r in records if r["length"] == self.rob_length and r["phrasing"] in self.rob_phrasings]
+            rob_seeds = set((self.opt("robustness") or {}).get("seeds", self.seeds))
+            rob = [r for r in records if r["length"] == self.rob_length and r["phrasing"] in self.rob_phrasings
+                   and r["seed"] in rob_seeds]
             out["robustness"] = {"length": self.rob_length, "phrasings": self.rob_phrasings,
                                  "by_phrasing": {lab: {p: tally([r for r in rob if r["model"] == lab and r["phrasing"] == p])
                                                        for p in self.rob_phrasings} for lab in labels},

@@ -37,7 +37,7 @@ class PoliciesSuite(Suite):
         self.depths = [float(d) for d in self.opt("depths", DEFAULT_DEPTHS)]
         self.seeds = [int(s) for s in self.opt("seeds", list(range(6)))]
         self.split = float(self.opt("split_depth", 0.7))
-        ctx.check_length("policies", self.length + int(self.opt("max_new_tokens", 8)))
+        ctx.check_length("policies", self.length)
         self.hay = build_haystack(self, ctx)
         self.trials = trial_grid([self.length], self.depths, self.seeds, self.opt("phrasing", "plain"))
         for t in self.trials:

@@ -60,6 +60,11 @@ def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, pol
 class PplSuite(Suite):
     name = "ppl"
 
+    def applies(self, ctx: EvalContext) -> str | None:
+        if not self.opt("data") and ctx.data_dir is None:
+            return "no token file: pass eval.ppl.data=<val.bin> or data_dir=<folder with val.bin>"
+        return None
+
     def _data_path(self, ctx: EvalContext) -> Path:
         if self.opt("data"):
             return Path(str(self.opt("data"))).expanduser()

@@ -32,7 +32,7 @@ class ProfileSuite(Suite):
         if not self.lengths or self.repeats < 1 or int(self.opt("decode_tokens", 128)) < 1:
             raise ConfigError("profile: lengths must be non-empty, repeats >= 1, decode_tokens >= 1")
         for L in self.lengths:
-            ctx.check_length("profile", L + int(self.opt("decode_tokens", 128)))
+            ctx.check_length("profile", L)
         for spec in self.opt("standard_policies") or []:
             if "policy" not in spec:
                 raise ConfigError(f"profile.standard_policies entries need a 'policy' (and 'budget'), got {spec}")

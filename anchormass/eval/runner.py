@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from anchormass.errors import ConfigError
+from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.io import atomic_write_json, atomic_write_text, git_commit, sha256_file
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
@@ -59,6 +59,15 @@ def _out_dir(cfg: dict, names: list[str]) -> Path:
     return out
 
 
+def _data_dir(cfg: dict, tok_path: Path | None) -> Path | None:
+    """`data_dir=`, else the tokenizer's own folder when it is a prepared dataset (has val.bin)."""
+    if cfg.get("data_dir"):
+        return Path(str(cfg["data_dir"])).expanduser()
+    if tok_path is not None and (tok_path.parent / "val.bin").is_file():
+        return tok_path.parent
+    return None
+
+
 def _model_info(m: EvalModel) -> dict:
     return {"label": m.label, "arch": m.arch, "source": m.source,
             "n_params": sum(p.numel() for p in m.model.parameters()),
@@ -94,8 +103,12 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
         suites.append(registry.make_suite(name, eval_cfg.get(name)))
 
     tok_path = None
-    if tokenizer is None and any(s.needs_tokenizer for s in suites):
-        tok_path = tokenizer_path(cfg, models)
+    if tokenizer is None:
+        try:
+            tok_path = tokenizer_path(cfg, models)
+        except DataError:  # a missing tokenizer only matters to suites that read text
+            if any(s.needs_tokenizer for s in suites):
+                raise
         if tok_path is not None:
             tokenizer = load_tokenizer(tok_path, models)
 
@@ -108,7 +121,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
 
     ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=int(cfg.get("seed", 0)),
                       progress=bool(cfg.get("progress", True)), data=data, record_data=record_data,
-                      data_dir=Path(str(cfg["data_dir"])).expanduser() if cfg.get("data_dir") else None)
+                      data_dir=_data_dir(cfg, tok_path))
 
     runnable = []
     for s in suites:
