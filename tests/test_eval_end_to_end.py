@@ -133,3 +133,28 @@ def test_profile_passkey_policies_in_process(assets, tmp_path):
         assert (out / png).stat().st_size > 1000
     report = (out / "report.md").read_text()
     assert "Format robustness" in report and "Stage-2 policies" in report
+
+
+def test_mismatched_tokenizer_or_data_is_refused(assets, tmp_path):
+    from anchormass.errors import CheckpointError, DataError
+
+    out = tmp_path / "run"
+    # tokenizer with more ids than the model's vocabulary
+    with pytest.raises(CheckpointError, match="do not match"):
+        run_evaluation(compose_cfg("suite=passkey", "model=anchormass_tiny", "model.vocab_size=300",
+                                   *common(assets, out)))
+    # a token file made with another tokenizer
+    other = tmp_path / "other"
+    write_tokens(other / "val.bin", np.arange(4, 3000) % 400, 465, {"tokenizer_checksum": "0" * 64})
+    with pytest.raises(DataError, match="different tokenizer"):
+        run_evaluation(compose_cfg("suite=ppl", *pair(assets), *common(assets, out), f"data_dir={other}"))
+    assert not out.exists()
+
+
+def test_passkey_with_natural_text_filler_from_a_token_file(assets, tmp_path):
+    cfg = compose_cfg("suite=passkey", "model=anchormass_tiny", f"model.vocab_size={VOCAB}",
+                      "eval.passkey.filler=tokens", f"eval.passkey.filler_path={assets / 'val.bin'}",
+                      "eval.passkey.robustness=null", "eval.passkey.lengths=[200]", *common(assets, tmp_path / "r"))
+    res = json.loads((run_evaluation(cfg) / "results.json").read_text())
+    assert res["suites"]["passkey"]["filler"] == "tokens" and "passkey_filler" in res["data"]
+    assert len(res["suites"]["passkey"]["items"]) == 2
