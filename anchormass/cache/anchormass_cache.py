@@ -53,6 +53,7 @@ class AnchorMassLayerCache(LayerCache):
         self.glob_k = self.glob_v = None  # [B, Hg, S + C + cap, D]
         self.mass = None  # [B, S + C + cap] fp32
         self.counts = None  # [B] long
+        self.max_count = 0  # host copy of counts.max(): no device sync per decode step
 
     # ------------------------------------------------------------------ buffers
     def _allocate(self, like: torch.Tensor) -> None:
@@ -174,7 +175,7 @@ class AnchorMassLayerCache(LayerCache):
         self.glob_k[:, :, idx] = k[:, :, 0].to(self.glob_k.dtype)
         self.glob_v[:, :, idx] = v[:, :, 0].to(self.glob_v.dtype)
         self.mass[:, idx] = 1.0
-        end = self.slot0 + int(self.counts.max())
+        end = self.slot0 + self.max_count
         bias = self._mass_bias(self.mass[:, :end])[:, None, None, :].to(q.dtype)  # [B, 1, 1, K]
         out = F.scaled_dot_product_attention(q, self.glob_k[:, :, :end].to(q.dtype),
                                              self.glob_v[:, :, :end].to(q.dtype), attn_mask=bias)
@@ -218,7 +219,7 @@ class AnchorMassLayerCache(LayerCache):
         raw_vis = (raw_block[None, :] == q_block[:, None]) & (raw_pos[None, :] <= pos[:, None])  # [T, R]
         # Stored slots come from blocks completed before this piece: visible to every query
         # (none exist while queries are still sinks); padding slots have mass 0.
-        slots = slice(self.slot0, self.slot0 + int(self.counts.max()))
+        slots = slice(self.slot0, self.slot0 + self.max_count)
         n_old = slots.stop - slots.start
         bias = torch.cat([
             _neg_inf_where_not(sink_vis).expand(b, t, n_sink),
@@ -244,7 +245,8 @@ class AnchorMassLayerCache(LayerCache):
         """Store the present slots (mass > 0) after each sequence's own count, in order."""
         present = new_mass > 0  # [B, N]
         added = present.sum(dim=1)  # [B]
-        self._ensure_capacity(int((self.counts + added).max()))
+        self.max_count = int((self.counts + added).max())
+        self._ensure_capacity(self.max_count)
         b_idx, n_idx = present.nonzero(as_tuple=True)  # [P] each
         dest = self.slot0 + self.counts[b_idx] + present.long().cumsum(dim=1)[b_idx, n_idx] - 1
         self.glob_k[b_idx, :, dest] = new_k[b_idx, :, n_idx].to(self.glob_k.dtype)  # [P, Hg, D]
@@ -254,7 +256,7 @@ class AnchorMassLayerCache(LayerCache):
 
     # ------------------------------------------------------------------ stage 2 and stats
     def after_forward(self) -> None:
-        if self.counts is None:
+        if self.max_count <= self.budget:
             return
         for b in (self.counts > self.budget).nonzero().flatten().tolist():
             n = int(self.counts[b])
@@ -266,6 +268,7 @@ class AnchorMassLayerCache(LayerCache):
             self.glob_k[b, :, kept], self.glob_v[b, :, kept], self.mass[b, kept] = keys, vals, mass
             self.glob_k[b, :, freed], self.glob_v[b, :, freed], self.mass[b, freed] = 0, 0, 0
             self.counts[b] = m
+        self.max_count = int(self.counts.max())
 
     def stats(self) -> dict:
         """'slots': stored slots; 'mass': sinks + slots + tail; per sequence when batch > 1."""
