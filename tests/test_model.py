@@ -146,3 +146,17 @@ def test_flops_estimate():
     matmul = 14 * (4 * 768**2 + 3 * 768 * 2560) + 28_000 * 768
     assert estimate_flops_per_token(std, 1) == 6 * matmul + 12 * 14 * 64 * 12
     assert estimate_flops_per_token(am, 32_768) < 0.5 * estimate_flops_per_token(std, 32_768)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(3)
+        model = build_model(load_model_config("anchormass_tiny").replace(activation_checkpointing=ckpt))
+        ids = torch.randint(0, 28_000, (1, 100))
+        model.forward_hidden(ids).pow(2).mean().backward()
+        grads.append([p.grad for n, p in model.named_parameters() if not n.startswith("lm_head")])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(ConfigError, match="activation_checkpointing"):
+        load_model_config("anchormass_tiny").replace(activation_checkpointing="yes")

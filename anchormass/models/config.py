@@ -64,6 +64,8 @@ class ModelConfig:
     # Kernels and inference.
     attn_impl: str = "auto"  # "auto" (flex on CUDA, block_sdpa elsewhere) | "block_sdpa" | "flex"
     prefill_chunk: int = 1_024
+    # Training memory: recompute each block's activations in backward (parallel path only).
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +84,8 @@ class ModelConfig:
         need(self.n_heads * self.head_dim == self.d_model,
              f"n_heads * head_dim = {self.n_heads * self.head_dim} must equal d_model = {self.d_model}")
         need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
+        need(isinstance(self.activation_checkpointing, bool),
+             f"activation_checkpointing must be true or false, got {self.activation_checkpointing!r}")
         need(self.attn_impl in ATTN_IMPLS, f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.arch != "anchormass":
             return

@@ -15,6 +15,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from anchormass.errors import DataError
 from anchormass.models.attention_anchormass import AnchorMassAttention
@@ -88,8 +89,12 @@ class LanguageModel(nn.Module):
         t = input_ids.shape[1]
         x = self.embed(input_ids)  # [B, T, d]
         cos, sin = self.rope(t, input_ids.device, cache)
+        recompute = self.cfg.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, cos, sin, cache)
+            if recompute:  # keep only each block's input; rebuild its activations in backward
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, cache)
         if cache is not None:
             cache.advance(t)
         return self.norm(x)
