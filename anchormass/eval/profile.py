@@ -12,7 +12,6 @@ Out-of-memory is recorded as "OOM" and longer lengths of that series are not tri
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from anchormass.errors import ConfigError
@@ -51,38 +50,39 @@ class ProfileSuite(Suite):
         return out
 
     def _measure(self, ctx: EvalContext, m: EvalModel, policy, budget, length: int) -> dict:
-        from anchormass.bench.measure import peak_memory_growth, time_call
+        from anchormass.bench.measure import Timing, peak_memory_growth, time_call
         from anchormass.bench.workloads import decode, prefill, random_ids
 
         ids = random_ids(m.config.vocab_size, 1, length, ctx.seed, ctx.device)
         chunk = int(self.opt("chunk") or m.config.prefill_chunk)
         n_new = int(self.opt("decode_tokens", 128))
+        pre, dec = Timing(), Timing()  # wall and process-CPU seconds per measured session
         state: dict = {}
 
         def do_prefill():
             state["cache"], state["tok"] = prefill(m.model, ids, policy, budget, chunk)
 
-        def session():
-            state["prefill_s"] = time_call(do_prefill, ctx.device)
+        def session(measured: bool = True):
+            t_pre = time_call(do_prefill, ctx.device)
             state["kv_bytes"] = int(state["cache"].nbytes)
-            state["decode_s"] = time_call(lambda: decode(m.model, state["cache"], state["tok"], n_new), ctx.device)
+            t_dec = time_call(lambda: decode(m.model, state["cache"], state["tok"], n_new), ctx.device)
             state["kv_bytes_after_decode"] = int(state["cache"].nbytes)
-            state["stats"] = state["cache"].stats()
+            state["slots"] = state["cache"].stats().get("slots")
             del state["cache"], state["tok"]
+            if measured:
+                pre.add(t_pre)
+                dec.add(t_dec)
 
         for _ in range(int(self.opt("warmup", 1))):
-            session()
+            session(measured=False)
         peak = peak_memory_growth(session, ctx.device)
-        pre, dec = [state["prefill_s"]], [state["decode_s"]]
         for _ in range(self.repeats - 1):
             session()
-            pre.append(state["prefill_s"])
-            dec.append(state["decode_s"])
-        slots = state["stats"].get("slots")
         return {"status": "ok", "kv_bytes": state["kv_bytes"], "kv_bytes_after_decode": state["kv_bytes_after_decode"],
-                "peak_bytes": int(peak), "prefill_s": statistics.median(pre), "prefill_times_s": pre,
-                "decode_tok_s": n_new / statistics.median(dec), "decode_times_s": dec,
-                "slots_layer0": slots[0] if slots else None}
+                "peak_bytes": int(peak), "prefill_s": pre.median, "prefill_cpu_s": pre.cpu_median,
+                "decode_tok_s": n_new / dec.median, "decode_tok_s_cpu": n_new / max(dec.cpu_median, 1e-9),
+                "prefill": pre.to_dict(), "decode": dec.to_dict(),
+                "slots_layer0": state["slots"][0] if state["slots"] else None}
 
     def run(self, ctx: EvalContext) -> dict:
         from anchormass.bench.measure import memory_method
@@ -123,9 +123,10 @@ class ProfileSuite(Suite):
             pre = " vs ".join(OOM if r["status"] != "ok" else f"{r['prefill_s']:.3f}" for r in rs)
             dec = " vs ".join(OOM if r["status"] != "ok" else f"{r['decode_tok_s']:.1f}" for r in rs)
             body.append([f"{L:,}"] + kv + [pre, dec])
-        note = (f"Batch 1; prefill = median of {result['repeats']} after warm-up; decode = "
+        note = (f"Batch 1; prefill = median wall time of {result['repeats']} after warm-up; decode = "
                 f"{result['decode_tokens']} greedy tokens; KV = measured cache.nbytes after prefill; "
-                f"peak memory: {result['memory_method']}.")
+                f"peak memory: {result['memory_method']}. results.json also holds process-CPU times "
+                "(closer to an idle machine's wall time when the host is shared).")
         return f"## Efficiency profile\n\n{tables.markdown(head, body)}\n{note}\n"
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
