@@ -345,6 +345,9 @@ class BaselinesSuite(Suite):
                 row["score"] = float(np.mean(s))  # exact-match rate
                 row["digits"] = float(np.mean(d))
             out_rows.append(row)
+        # Table order: task, length, then the full cache before the budget levels (as run).
+        tasks = {"ppl": 0, "passkey": 1}
+        out_rows.sort(key=lambda r: (tasks[r["task"]], r["length"], r["level"] != "full"))
         summary = {f"{r['task']}/L{r['length']}/{r['level']}/{r['method']}": r["score"] for r in out_rows}
         return {"settings": {"policies": {p: o.__dict__ for p, o in self.policy_objs.items()},
                              "levels": self.levels, "level_kind": "slots" if self.anchormass is not None else "tokens",
@@ -378,25 +381,33 @@ class BaselinesSuite(Suite):
 
 
 def score_vs_bytes(result: dict, path: Path) -> str:
-    """One panel per task: score against measured KV MiB, one line per method."""
+    """One panel per task: score against measured KV MiB; colour = method, marker = length."""
     from anchormass.eval.plots import _save, plt
 
-    tasks = sorted({r["task"] for r in result["rows"]})
+    tasks = [t for t in ("ppl", "passkey") if any(r["task"] == t for r in result["rows"])]
+    methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
+    colour = {m: f"C{i}" for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         rows = [r for r in result["rows"] if r["task"] == task]
-        for length in sorted({r["length"] for r in rows}):
-            for method in dict.fromkeys(r["method"] for r in rows):
+        lengths = sorted({r["length"] for r in rows})
+        for marker, length in zip("osD^v<>", lengths):
+            for method in methods:
                 pts = sorted((r["kv_bytes"] / MIB, r["score"]) for r in rows
                              if r["method"] == method and r["length"] == length)
-                ax.plot(*zip(*pts), marker="*" if method == "full" else "o",
-                        label=f"{method} (L={length:,})", linestyle="-" if len(pts) > 1 else "none")
+                if pts:
+                    ax.plot(*zip(*pts), color=colour[method], marker="*" if method == "full" else marker,
+                            markersize=11 if method == "full" else 6, label=f"{method}, L={length:,}")
         ax.set_xscale("log")
         ax.set_xlabel("KV cache, measured (MiB)")
-        ax.set_ylabel("perplexity (lower is better)" if task == "ppl" else "passkey exact match")
+        if task == "ppl":
+            ax.set_ylabel("perplexity (lower is better)")
+        else:
+            ax.set_ylabel("passkey exact match")
+            ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"{task}: score vs KV bytes")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
 
 
