@@ -80,10 +80,15 @@ def test_ratios_are_the_measured_ratios(toy_run):
     for key, value in expect.items():
         assert math.isclose(by_key[key]["measured"], value, rel_tol=1e-12), key
         assert by_key[key]["status"] in ("PASS", "MISS")
+    # The same ratio read on CPU time comes from the CPU-time fields of the same rows.
+    cpu = (_one(result, "decode", "standard", LONG)["cpu_ms_per_token"]
+           / _one(result, "decode", "anchormass", LONG)["cpu_ms_per_token"])
+    assert math.isclose(by_key["decode_speedup"]["measured_cpu_time"], cpu, rel_tol=1e-12)
+    assert by_key["cache_constant"]["measured_cpu_time"] is None
     # A bound is applied as written: flip the measured value around the bound and the verdict flips.
-    t = targets.Target("x", "x", "<=", 1.0, lambda r: 2.0)
+    t = targets.Target("x", "x", "<=", 1.0, lambda r, clock: 2.0)
     assert targets.evaluate(result, [t])[0]["status"] == "MISS"
-    t = targets.Target("x", "x", ">=", 1.0, lambda r: 2.0)
+    t = targets.Target("x", "x", ">=", 1.0, lambda r, clock: 2.0)
     assert targets.evaluate(result, [t])[0]["status"] == "PASS"
 
 

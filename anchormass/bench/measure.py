@@ -34,25 +34,39 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], device: torch.device | str) -> float:
-    """Seconds for one call of `fn`, synchronised on both sides."""
+def time_call(fn: Callable[[], object], device: torch.device | str) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) for one call of `fn`, synchronised on both sides.
+
+    CPU time is kept beside wall time because on a shared, oversubscribed machine wall time
+    includes waiting for other processes; with one torch thread CPU time is close to the wall
+    time the same work takes on an idle machine."""
     sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
     sync(device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 @dataclass
 class Timing:
-    times: list[float] = field(default_factory=list)  # seconds, one per measured repeat
+    times: list[float] = field(default_factory=list)  # wall seconds, one per measured repeat
+    cpu_times: list[float] = field(default_factory=list)  # process CPU seconds, same repeats
 
     @property
     def median(self) -> float:
         return statistics.median(self.times)
 
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu_times)
+
+    def add(self, wall_cpu: tuple[float, float]) -> None:
+        self.times.append(wall_cpu[0])
+        self.cpu_times.append(wall_cpu[1])
+
     def to_dict(self) -> dict:
-        return {"median_s": self.median, "times_s": list(self.times)}
+        return {"median_s": self.median, "times_s": list(self.times),
+                "cpu_median_s": self.cpu_median, "cpu_times_s": list(self.cpu_times)}
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device, warmup: int, repeats: int) -> dict[str, Timing]:
@@ -64,7 +78,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device, warmup: int, 
     out = {name: Timing() for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            out[name].times.append(time_call(fn, device))
+            out[name].add(time_call(fn, device))
     return out
 
 

@@ -46,14 +46,16 @@ _BUDGET, _SLOTS = (lambda r, res: _budget(r, res)), (lambda r, res: _slots(r))
 COLUMNS = {
     "prefill": {
         "model": _MODEL, "tokens": _LENGTH, "budget": _BUDGET, "median s": _value("median_s", ".3f"),
-        "all s": _times("times_s", ".3f"), "cache MiB": _CACHE, "slots/layer": _SLOTS},
+        "all s": _times("times_s", ".3f"), "CPU median s": _value("cpu_median_s", ".3f"), "cache MiB": _CACHE,
+        "slots/layer": _SLOTS},
     "train": {
         "model": _MODEL, "batch x seq": lambda r, res: f"{r['batch']} x {r['length']}",
         "median s": _value("median_s", ".3f"), "all s": _times("times_s", ".3f"),
-        "tokens/s": _value("tokens_per_s", ".0f")},
+        "tokens/s": _value("tokens_per_s", ".0f"), "CPU median s": _value("cpu_median_s", ".3f")},
     "decode": {
         "model": _MODEL, "context": _LENGTH, "budget": _BUDGET, "ms/token": _value("ms_per_token", ".2f"),
-        "windows": _times("windows_ms_per_token", ".2f"), "cache MiB": _CACHE, "slots/layer": _SLOTS},
+        "windows": _times("windows_ms_per_token", ".2f"), "CPU ms/token": _value("cpu_ms_per_token", ".2f"),
+        "cache MiB": _CACHE, "slots/layer": _SLOTS},
     "memory": {
         "model": _MODEL, "tokens": _LENGTH, "budget": _BUDGET,
         "peak growth MiB": lambda r, res: _mib(r, "peak_bytes", ".1f"), "cache MiB": _CACHE,
@@ -78,8 +80,10 @@ def render(result: dict, target_rows: list[dict]) -> str:
     out = [f"# AnchorMass vs Standard benchmark ({cfg['standard']} vs {cfg['anchormass']}, {result['device']}, "
            f"{cfg['dtype']}, torch {result['torch']}, {result['threads']} threads)", ""]
     out += ["## Targets (ratios measured side by side in this run)", ""]
-    out += _table(["target", "bound", "measured", "result"],
-                  [[t["what"], t["target"], _fmt(t["measured"], ".3f"), t["status"]] for t in target_rows])
+    out += _table(["target", "bound", "measured", "result", "same ratio on CPU time"],
+                  [[t["what"], t["target"], _fmt(t["measured"], ".3f"), t["status"],
+                    _fmt(t.get("measured_cpu_time"), ".3f") if t.get("measured_cpu_time") is not None else "-"]
+                   for t in target_rows])
     for section, title in _titles(result).items():
         cols = COLUMNS[section]
         out += ["", f"## {title}", ""]

@@ -209,6 +209,7 @@ class Bench:
                 for label, t in measure.time_interleaved(fns, self.device, 1, self.cfg.decode_windows).items():
                     rows[label].update(ms_per_token=1000.0 * t.median / window,
                                        windows_ms_per_token=[1000.0 * s / window for s in t.times],
+                                       cpu_ms_per_token=1000.0 * t.cpu_median / window,
                                        cache=workloads.cache_summary(state[label][0]))
 
             self._guarded(list(rows.values()), fill)
@@ -229,7 +230,8 @@ class Bench:
             def fill():
                 warmup = self.cfg.warmup if i == 0 else 0
                 for label, t in measure.time_interleaved(steps, self.device, warmup, self.cfg.repeats).items():
-                    rows[label].update(t.to_dict(), tokens_per_s=batch * seq / t.median)
+                    rows[label].update(t.to_dict(), tokens_per_s=batch * seq / t.median,
+                                       cpu_tokens_per_s=batch * seq / t.cpu_median)
 
             self._guarded(list(rows.values()), fill)
             self._log_rows(rows.values(), "tokens_per_s", "tok/s", ".0f")
