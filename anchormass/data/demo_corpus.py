@@ -4,7 +4,8 @@ Deterministic (one `random.Random(seed)`), generated offline in about a second. 
 model learns something measurable in a few CPU minutes and long-context evaluation has signal:
 - narrative filler from a small grammar (local structure a tiny model picks up quickly);
 - facts stated in the text (the code of a coloured object, a person's room, a person's count of
-  things), each asked about later in the same document ("Question: ... Answer: 4821."), at
+  things), each asked about later in the same document ("Question: What is the code of the red
+  box? Answer: The code of the red box is 4821."), at
   distances from a few sentences to thousands of tokens;
 - one passkey per document at most, in the phrasing of the classic needle test, and the classic
   filler sentences ("The grass is green. ...") now and then, so the demo tokenizer covers the
@@ -34,10 +35,14 @@ COUNT_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "
 
 
 class _Fact:
-    """One fact: the sentence that states it, the question about it, its answer."""
+    """One fact: the sentence that states it, the question about it, its answer (the value) and
+    the reply: the fact restated, ending in the value. Restating lets a small model answer by
+    copying what followed the same words earlier (an induction pattern it learns within minutes);
+    pure key -> value binding from "Answer:" alone takes far longer to emerge."""
 
-    def __init__(self, statement: str, question: str, answer: str):
+    def __init__(self, statement: str, question: str, answer: str, reply: str | None = None):
         self.statement, self.question, self.answer = statement, question, answer
+        self.reply = reply or statement
 
 
 def _new_fact(rng: random.Random, used: set) -> _Fact | None:
@@ -47,7 +52,7 @@ def _new_fact(rng: random.Random, used: set) -> _Fact | None:
             key = ("passkey",)
             code = f"{rng.randrange(10000, 100000)}"
             fact = _Fact(f"The passkey is {code}. Remember it. {code} is the passkey.",
-                         "What is the passkey?", code)
+                         "What is the passkey?", code, f"The passkey is {code}.")
         elif kind == 0:
             key = (rng.choice(COLORS), rng.choice(OBJECTS))
             code = f"{rng.randrange(1000, 10000)}"
@@ -103,7 +108,7 @@ def demo_document(rng: random.Random, n_sentences: int) -> str:
             if r < 0.24 and facts:
                 # half the questions ask about one of the last few facts, half about any earlier one
                 fact = rng.choice(facts[-3:]) if rng.random() < 0.5 else rng.choice(facts)
-                para.append(f"Question: {fact.question} Answer: {fact.answer}.")
+                para.append(f"Question: {fact.question} Answer: {fact.reply}")
                 continue
             para.append(_filler(rng))
         paragraphs.append(" ".join(para))
@@ -126,7 +131,7 @@ def _instruction(rng: random.Random) -> dict[str, str]:
         facts = [f for f in (_new_fact(rng, used) for _ in range(rng.randrange(2, 6))) if f]
         fact = rng.choice(facts)
         return {"instruction": fact.question, "input": " ".join(f.statement for f in facts),
-                "output": fact.answer + "."}
+                "output": fact.reply}
     if kind == 1:
         a, b = rng.randrange(0, 50), rng.randrange(0, 50)
         return {"instruction": f"What is {a} plus {b}?", "input": "", "output": f"{a} plus {b} is {a + b}."}
