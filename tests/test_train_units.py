@@ -109,3 +109,18 @@ def test_load_model_rejects_mismatched_weights(tmp_path):
     atomic_torch_save({"state_dict": state, "hyper_parameters": {"model_config": cfg.to_dict()}}, tmp_path / "x.ckpt")
     with pytest.raises(CheckpointError, match="does not fit"):
         load_model(tmp_path / "x.ckpt")
+
+
+def test_rng_state_survives_a_weights_only_checkpoint_load(tmp_path):
+    import random
+
+    import numpy as np
+
+    from anchormass.training.callbacks import RngState
+
+    cb = RngState()
+    atomic_torch_save(cb.state_dict(), tmp_path / "rng.pt")
+    expected = (random.random(), float(np.random.rand()), torch.rand(3))
+    cb.load_state_dict(torch.load(tmp_path / "rng.pt", weights_only=True))  # what Lightning does on resume
+    got = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])

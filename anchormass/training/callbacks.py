@@ -107,14 +107,18 @@ class RngState(Callback):
     run draws the same random numbers as an uninterrupted one."""
 
     def state_dict(self) -> dict:
-        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        # Plain types and tensors only, so Lightning's weights_only checkpoint loading accepts it.
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = {"python": random.getstate(), "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                        gauss), "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state["cuda"])
