@@ -1,0 +1,35 @@
+import pytest
+
+from anchormass.errors import ConfigError
+from anchormass.eval import registry
+from anchormass.eval.runner import run_evaluation, suite_list
+from anchormass.eval.suite import Suite
+
+
+def test_every_registered_suite_imports_and_implements_the_interface():
+    assert set(registry.suite_names()) >= {"profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"}
+    for name in registry.suite_names():
+        suite = registry.make_suite(name, {})
+        assert isinstance(suite, Suite) and suite.name == name
+
+
+def test_unknown_suite_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown suite 'nope'"):
+        registry.make_suite("nope")
+    with pytest.raises(ConfigError, match="unknown suite"):
+        suite_list({"suite": "ppl,nope"})
+    assert suite_list({"suite": "all", "all_suites": ["ppl", "jcqa"]}) == (["ppl", "jcqa"], True)
+
+
+def test_policies_asked_for_by_name_on_a_standard_model_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="needs an AnchorMass model"):
+        run_evaluation({"suite": "policies", "model": "standard_tiny", "out_dir": str(tmp_path / "o")})
+    assert not (tmp_path / "o").exists()
+
+
+def test_suite_all_skips_what_does_not_apply_with_a_reason(tmp_path):
+    out = run_evaluation({"suite": "all", "all_suites": ["policies", "jcqa", "ppl"], "model": "standard_tiny",
+                          "out_dir": str(tmp_path / "o"), "progress": False})
+    report = (out / "report.md").read_text()
+    for name in ("policies", "jcqa", "ppl"):
+        assert f"suite `{name}` skipped" in report
