@@ -5,28 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from anchormass.data import atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write to a temp file in the same folder, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Temp file in the same folder, then rename: readers never see half a file."""
+    atomic.write_bytes(path, data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
