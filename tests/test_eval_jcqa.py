@@ -83,3 +83,23 @@ def test_bad_jcqa_input_is_one_line_error(tmp_path):
         read_jsonl(bad)
     with pytest.raises(ConfigError, match="jcqa needs data"):
         load_split({}, "validation")
+
+
+def test_hub_source_goes_through_datasets(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load(name, config, split):
+        calls.append((name, config, split))
+        if name == "offline/none":
+            raise ConnectionError("no network")
+        return [{"q_id": 1, "question": "q", "choice0": "a", "choice1": "b", "choice2": "c", "choice3": "d",
+                 "choice4": "e", "label": 3}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    qs, src = load_split({"hub": "some/JGLUE", "hub_config": "JCommonsenseQA"}, "validation")
+    assert calls == [("some/JGLUE", "JCommonsenseQA", "validation")]
+    assert qs[0]["choices"][3] == "d" and qs[0]["label"] == 3 and src == "hub:some/JGLUE/validation"
+    with pytest.raises(DataError, match="cannot load offline/none"):
+        load_split({"hub": "offline/none"}, "train")
