@@ -11,7 +11,7 @@ from anchormass.cache import make_cache
 from anchormass.cache.slot_policies import (REGISTRY, AdaptiveMerge, FifoEvict, PriorityEvict, ScoreMerge,
                                             UniformMerge, make_slot_policy, slot_energy)
 from anchormass.errors import ConfigError
-from anchormass.models.config import load_model_config
+from anchormass.models.config import SLOT_POLICIES, load_model_config
 from test_anchormass_cache import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 
@@ -106,7 +106,7 @@ def test_merges_run_several_rounds_and_conserve_mass(name):
 
 
 def test_registry_and_config_options():
-    assert sorted(REGISTRY) == ["adaptive", "fifo", "priority", "score_merge", "uniform_merge"]
+    assert sorted(REGISTRY) == sorted(SLOT_POLICIES) == ["adaptive", "fifo", "priority", "score_merge", "uniform_merge"]
     cfg = load_model_config("anchormass_tiny").replace(merge_weighting="mass", protect_fraction=0.5)
     p = make_slot_policy(None, cfg)
     assert isinstance(p, AdaptiveMerge) and p.weighting == "mass" and p.protect_fraction == 0.5
