@@ -125,6 +125,26 @@ def test_peak_memory_sees_a_large_temporary():
     assert measure.peak_memory_growth(lambda: None, "cpu") < 0.5 * size
 
 
+PEAK_AFTER_EARLIER_WORK = """
+import torch
+from anchormass.bench import measure
+x = torch.ones(2**24); del x                      # raises glibc's dynamic mmap threshold
+y = [torch.ones(2**20) for _ in range(64)]; del y  # 256 MiB freed into the heap, still resident
+def session():
+    z = [torch.ones(2**20) for _ in range(16)]     # 64 MiB in 4 MiB tensors
+    return len(z)
+print(measure.peak_memory_growth(session, "cpu"))
+"""
+
+
+def test_peak_memory_not_hidden_by_memory_freed_earlier():
+    """A fresh process with a heap full of freed pages (what the earlier bench sections leave)."""
+    proc = subprocess.run([sys.executable, "-c", PEAK_AFTER_EARLIER_WORK], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) >= 0.9 * 64 * 2**20
+
+
 def _load_cli():
     spec = importlib.util.spec_from_file_location("bench_cli", ROOT / "scripts" / "bench.py")
     module = importlib.util.module_from_spec(spec)

@@ -4,9 +4,10 @@ Peak memory:
 - CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, minus the memory
   allocated when the measurement started (growth caused by the measured code).
 - CPU: peak resident-set growth. The kernel's high-water mark (VmHWM) is reset through
-  /proc/self/clear_refs before the run and read after it. glibc's dynamic mmap threshold is
-  pinned first, so large freed tensors go back to the OS instead of staying in the heap, which
-  would hide later allocations (tracemalloc cannot see torch's allocator, so it is not used).
+  /proc/self/clear_refs before the run and read after it. Before that, glibc's dynamic mmap
+  threshold is pinned (large tensors are mmapped and returned on free) and free heap pages are
+  trimmed: memory that earlier work freed but kept resident would otherwise absorb the run's
+  allocations and hide them. (tracemalloc cannot see torch's allocator, so it is not used.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Callable
 
 import torch
 
-CPU_MEMORY_METHOD = "peak RSS growth (VmHWM reset via /proc/self/clear_refs, glibc mmap threshold 64 KiB)"
+CPU_MEMORY_METHOD = ("peak RSS growth (VmHWM reset via /proc/self/clear_refs after malloc_trim; "
+                     "glibc mmap threshold 64 KiB)")
 CUDA_MEMORY_METHOD = "torch.cuda.max_memory_allocated growth after reset_peak_memory_stats"
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter ids from <malloc.h>
@@ -96,6 +98,15 @@ def _pin_glibc_mmap_threshold() -> None:
     _malloc_pinned = True
 
 
+def _release_free_heap() -> None:
+    """Give freed heap pages back to the OS. Memory freed by earlier work stays resident in the
+    heap; a session that reuses it would show no RSS growth at all."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _proc_status_kib(key: str) -> int:
     with open("/proc/self/status", encoding="ascii") as fh:
         for line in fh:
@@ -121,6 +132,7 @@ def peak_memory_growth(fn: Callable[[], object], device: torch.device | str) -> 
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device) - base)
     _pin_glibc_mmap_threshold()
+    _release_free_heap()
     with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
         fh.write("5")  # resets VmHWM to the current RSS
     base = _proc_status_kib("VmRSS")

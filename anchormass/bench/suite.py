@@ -6,7 +6,8 @@ Sections (each a list of rows {model, length, ...}), in this order:
 - decode:  greedy decoding after a prefill, AnchorMass at `decode_budget` slots. A session left
            by the prefill section is reused when its budget matches (Standard always matches).
            ms/token = mean over a window of `block_size` tokens, so each window holds exactly one
-           stage-1 compression and whatever stage 2 it triggers; median over windows.
+           stage-1 compression and whatever stage 2 it triggers; median over windows, which are
+           interleaved across all sessions.
 - train:   forward + loss + backward (no optimizer update) on [batch, seq]; tokens/s.
 - memory:  peak memory growth of a whole session (new cache + prefill + a few decode steps).
 Warm-up runs before the first measurement of a section (one-time costs: lazy init, first
@@ -188,35 +189,38 @@ class Bench:
         return state
 
     def run_decode(self) -> list[dict]:
-        """Per length both sessions exist at once and their decode windows are interleaved."""
-        out = []
+        """All sessions (both models, every length) are built first, then their decode windows are
+        interleaved, so both the model ratio and the 32K / 8K flatness compare windows measured
+        under the same machine load. A session that does not fit is recorded as OOM."""
         window = self.configs["anchormass"].block_size
+        rows, state = {}, {}
         for length in self.cfg.decode_lengths:
             ids = self._ids(1, length)
-            budget = {label: self._budget(label, self.cfg.decode_budget) for label in self.models}
-            rows = {label: self._row("decode", label, length=length, budget=budget[label], window_tokens=window)
-                    for label in self.models}
-
-            def fill():
-                state = {label: self._decode_session(label, ids, budget[label]) for label in self.models}
-
-                def window_of(label):
-                    def fn():
-                        state[label][1] = workloads.decode(self.models[label], *state[label], window)
-                    return fn
-
-                fns = {label: window_of(label) for label in self.models}
-                for label, t in measure.time_interleaved(fns, self.device, 1, self.cfg.decode_windows).items():
-                    rows[label].update(ms_per_token=1000.0 * t.median / window,
-                                       windows_ms_per_token=[1000.0 * s / window for s in t.times],
-                                       cpu_ms_per_token=1000.0 * t.cpu_median / window,
-                                       cache=workloads.cache_summary(state[label][0]))
-
-            self._guarded(list(rows.values()), fill)
-            self._log_rows(rows.values(), "ms_per_token", "ms/token", ".2f")
-            out += rows.values()
+            for label in self.models:
+                budget = self._budget(label, self.cfg.decode_budget)
+                key = (label, length)
+                rows[key] = self._row("decode", label, length=length, budget=budget, window_tokens=window)
+                self._guarded([rows[key]], lambda key=key, ids=ids, budget=budget: state.__setitem__(
+                    key, self._decode_session(key[0], ids, budget)))
         self._sessions.clear()
-        return out
+
+        def window_of(key):
+            def fn():
+                state[key][1] = workloads.decode(self.models[key[0]], *state[key], window)
+            return fn
+
+        def fill():
+            fns = {key: window_of(key) for key in state}
+            for key, t in measure.time_interleaved(fns, self.device, 1, self.cfg.decode_windows).items():
+                rows[key].update(ms_per_token=1000.0 * t.median / window,
+                                 windows_ms_per_token=[1000.0 * s / window for s in t.times],
+                                 cpu_ms_per_token=1000.0 * t.cpu_median / window,
+                                 cache=workloads.cache_summary(state[key][0]))
+
+        self._guarded([rows[key] for key in state], fill)
+        state.clear()
+        self._log_rows(rows.values(), "ms_per_token", "ms/token", ".2f")
+        return list(rows.values())
 
     def run_train(self) -> list[dict]:
         out = []
@@ -241,7 +245,15 @@ class Bench:
         return out
 
     def run_memory(self) -> list[dict]:
+        """Peak memory of whole sessions. One short unmeasured session per model first, so one-time
+        allocations (lazy initialisation, first buffers of a kind) are not charged to the first length."""
         out = []
+        for label in self.cfg.memory_models:
+            warm = self._ids(1, min(self.cfg.memory_lengths[0], 2 * self.cfg.chunk))
+            self._guarded([], lambda label=label: workloads.decode(
+                self.models[label], *workloads.prefill(self.models[label], warm, None,
+                                                       self._budget(label, self.cfg.decode_budget), self.cfg.chunk),
+                self.cfg.memory_decode_tokens))
         for length in self.cfg.memory_lengths:
             ids = self._ids(1, length)
             for label in self.cfg.memory_models:
