@@ -105,9 +105,10 @@ def demo_document(rng: random.Random, n_sentences: int) -> str:
                     facts.append(fact)
                     para.append(fact.statement)
                     continue
-            if r < 0.24 and facts:
-                # half the questions ask about one of the last few facts, half about any earlier one
-                fact = rng.choice(facts[-3:]) if rng.random() < 0.5 else rng.choice(facts)
+            if r < 0.32 and facts:
+                # most questions ask about one of the last two facts (frequent short-range copies
+                # teach a small model to retrieve), the rest about any earlier one (long range)
+                fact = rng.choice(facts[-2:]) if rng.random() < 0.7 else rng.choice(facts)
                 para.append(f"Question: {fact.question} Answer: {fact.reply}")
                 continue
             para.append(_filler(rng))
