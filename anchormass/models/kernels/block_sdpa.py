@@ -58,9 +58,9 @@ def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Mod
                      chunk: int = 256, recompute: bool = False) -> torch.Tensor:
     """SPEC 2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE global heads.
 
-    recompute=True: each chunk's keys and bias are rebuilt in backward instead of saved.
-    Saved they add up to O(T * slots) = O(T^2 / 8) floats (~1.1 GiB per layer of anchormass_mini at 32K); rebuilt,
-    training keeps only each chunk's output, for one extra forward of this attention.
+    recompute=True: each chunk's keys and bias are rebuilt in backward instead of saved. Saved,
+    they add up to O(T * slots) = O(T^2 / 8) floats (~1.1 GiB per layer of anchormass_mini at
+    32K); rebuilt, training keeps only each chunk's output, for one extra forward of this attention.
     """
     s, c = cfg.n_sinks, cfg.block_size
     n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, cfg)
@@ -81,7 +81,7 @@ def _global_chunk(q_c, k, v, slot_k, slot_v, slot_lm, start: int, end: int, n_si
     s, c, spb = cfg.n_sinks, cfg.block_size, cfg.slots_per_block
     qpos = torch.arange(start, end, device=dev)  # [Tq]
     qblk = block_of(qpos, s, c)
-    n_sl = max(0, int(qblk[-1])) * spb  # slots of blocks before the chunk's last block
+    n_sl = max(0, (end - 1 - s) // c) * spb  # slots of blocks before the chunk's last block (no device sync)
     r0 = max(start, n_sink)
     rpos = torch.arange(r0, end, device=dev)  # raw (non-sink) keys of this chunk
     sink_ok = torch.arange(n_sink, device=dev)[None, :] <= qpos[:, None]  # [Tq, n_sink]

@@ -18,6 +18,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from anchormass.models.config import ModelConfig
 from anchormass.models.kernels.layout import global_slots
 
+# One compiled graph per sequence length. Evaluation runs many lengths; past the recompile
+# limit dynamo would fall back to eager flex, which materialises the whole score matrix.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 _flex = torch.compile(flex_attention, dynamic=False)
 
 
