@@ -191,8 +191,8 @@ def _report(meta: dict, sections: list[str], skipped: dict[str, str]) -> str:
         lines.append(f"| {m['label']} | {m['arch']} | {m['n_params']:,} | `{m['source']}` |")
     lines.append("")
     if meta["data"]:
-        lines += ["| data | sha256 |", "| --- | --- |"]
-        lines += [f"| `{d['path']}` | `{(d['sha256'] or '-')[:16]}` |" for d in meta["data"].values()]
+        lines += ["| data | file | sha256 |", "| --- | --- | --- |"]
+        lines += [f"| {name} | `{d['path']}` | `{(d['sha256'] or '-')[:16]}` |" for name, d in meta["data"].items()]
         lines.append("")
     for name, reason in skipped.items():
         lines.append(f"- suite `{name}` skipped: {reason}")
