@@ -93,10 +93,11 @@ def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
     out_mass = (m * is_out.float()).sum(dim=-1)  # [B, ng]: n[i*] or 0
 
     kg, vg = _grouped(k, g), _grouped(v, g)  # [B, Hg, ng, G, D]
-    w = (bg_w / bg_mass.clamp_min(1e-30)[..., None])[:, None, :, :, None].to(v.dtype)  # [B, 1, ng, G, 1]
-    bg_v = (vg * w).sum(dim=-2)  # [B, Hg, ng, D]
+    # Means in fp32 (weights like 1/7 are inexact in bf16), stored back in the input dtype.
+    w = (bg_w / bg_mass.clamp_min(1e-30)[..., None])[:, None, :, :, None]  # [B, 1, ng, G, 1] fp32
+    bg_v = (vg.float() * w).sum(dim=-2).to(v.dtype)  # [B, Hg, ng, D]
     if cfg.background_key == "mean":
-        bg_k = (kg * w.to(k.dtype)).sum(dim=-2)
+        bg_k = (kg.float() * w).sum(dim=-2).to(k.dtype)
     else:
         # Anchor: the last background position, i.e. G-1 unless the outlier sits there.
         anchor = torch.where(is_out[..., -1], g - 2, g - 1)  # [B, ng]
