@@ -108,3 +108,13 @@ def test_flex_forward_equals_block_sdpa():
         got = attn.parallel_attention(q, k, v)
     want = _parallel(cfg, q.cpu(), k.cpu(), v.cpu())
     assert (got.cpu() - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA has a FlexAttention backward")
+def test_flex_training_on_cpu_is_refused_with_a_reason():
+    from anchormass.errors import ConfigError
+
+    attn = AnchorMassAttention(load_model_config("anchormass_tiny").replace(attn_impl="flex"), layer_idx=0)
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 4, 20, 32, seed=6))
+    with pytest.raises(ConfigError, match="block_sdpa"):
+        attn.parallel_attention(q, k, v)
