@@ -13,15 +13,6 @@ TINY = load_model_config("anchormass_tiny")
 ODD = TINY.replace(window=5, block_size=16, group_size=4, n_sinks=3, prefill_chunk=32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many tiny ops: one thread is several times faster than two on a shared CI machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def qkv(cfg, batch, t, seed):
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, batch, cfg.n_heads, t, cfg.head_dim, generator=g)

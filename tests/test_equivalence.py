@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from anchormass.models import build_model
-from test_anchormass_cache import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 TOL = 1e-4
 MODELS = {}

@@ -7,7 +7,6 @@ from anchormass.errors import ConfigError
 from anchormass.models import build_model, load_model_config
 from anchormass.models.generate import generate, prefill, sample_next
 from anchormass.models.rope import ntk_base
-from test_anchormass_cache import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from test_equivalence import model  # the shared random-init tiny models
 
 def prompts(m, batch, length, seed=0):

@@ -12,7 +12,6 @@ from anchormass.cache.slot_policies import (REGISTRY, AdaptiveMerge, FifoEvict, 
                                             UniformMerge, make_slot_policy, slot_energy)
 from anchormass.errors import ConfigError
 from anchormass.models.config import SLOT_POLICIES, load_model_config
-from test_anchormass_cache import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 
 def store(norms, masses=None, hg=1, d=2):

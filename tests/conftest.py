@@ -1,0 +1,21 @@
+"""Suite-wide test settings."""
+
+import os
+
+import pytest
+import torch
+
+# Tests never touch the network: wandb stays offline, hub libraries read only local caches.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tests run many tiny ops: one torch thread is several times faster than two on a 2-core CI
+    machine (no oversubscription stalls). Subprocesses pick their own thread counts."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
