@@ -3,7 +3,8 @@
     python scripts/run_curriculum.py                      # the miniature (configs/curriculum/mini.yaml)
     python scripts/run_curriculum.py curriculum=full_158m trainer=ddp trainer.devices=8
 
-Options: curriculum=<name|path.yaml>, models=<a,b>, runs_root=<dir> (default runs), evaluate=false.
+Options: curriculum=<name|path.yaml>, models=<a,b>, runs_root=<dir> (default runs), evaluate=false,
+parallel=<n> (models trained side by side; default from the curriculum file).
 Every other `key=value` goes to each train.py call. Rerunning the same command resumes.
 """
 
@@ -21,7 +22,7 @@ from anchormass.data.atomic import write_json  # noqa: E402
 from anchormass.errors import ConfigError, DataError  # noqa: E402
 from anchormass.training.curriculum import REPO_ROOT, StageRun, datasets, execute, load_curriculum, plan  # noqa: E402
 
-OPTIONS = ("curriculum", "models", "runs_root", "evaluate")
+OPTIONS = ("curriculum", "models", "runs_root", "evaluate", "parallel")
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -75,7 +76,8 @@ def main(argv: list[str]) -> None:
     root = Path(opts.get("runs_root", "runs"))
     prepare_data(cfg)
     runs = plan(cfg, root, extra)
-    summary = execute(runs, log=lambda msg: print(msg, flush=True))
+    parallel = int(opts.get("parallel", cfg.get("parallel", 1)))
+    summary = execute(runs, log=lambda msg: print(msg, flush=True), parallel=parallel)
     reports = evaluate(cfg, runs, root) if opts.get("evaluate", "true").lower() != "false" else []
     wall = time.perf_counter() - t0
     write_json(root / str(cfg.name) / "curriculum.json",

@@ -20,7 +20,7 @@ _PREPARED: dict[str, Path] = {}
 # Small and fast everywhere: 2 steps of 2 x 64 tokens unless a test says otherwise.
 FAST = ["stage.seq_len=64", "stage.total_steps=2", "stage.global_batch_size=2", "stage.micro_batch_size=2",
         "stage.warmup_steps=1", "stage.val_every=2", "stage.val_batches=1", "stage.ckpt_every=2",
-        "stage.datamodule.num_workers=0", "logger=none", "trainer.enable_progress_bar=false"]
+        "stage.datamodule.num_workers=0", "logger=none", "trainer.enable_progress_bar=false", "torch_threads=1"]
 
 
 def tiny_datasets(base: Path) -> dict[str, Path]:

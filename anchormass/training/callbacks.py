@@ -141,3 +141,27 @@ class SaveLastOnEnd(Callback):
             # would write the same last.ckpt a second time.
             cb._last_global_step_saved = trainer.global_step
             cb._last_checkpoint_saved = path
+
+
+class ProgressLine(Callback):
+    """One plain line every `every_n_steps` optimizer steps (`<model>/<stage> step k/N loss x`):
+    readable in logs and when several runs share a terminal, where tqdm bars would garble."""
+
+    def __init__(self, every_n_steps: int = 20):
+        self.every = max(1, int(every_n_steps))
+        self._t0 = time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        if step % self.every and step != trainer.max_steps:
+            return
+        loss = trainer.callback_metrics.get("train/loss")
+        hp = pl_module.hparams
+        print(f"{hp.model_config['name']}/{hp.stage}: step {step}/{trainer.max_steps}"
+              + (f" loss {float(loss):.4f}" if loss is not None else "")
+              + f" ({time.perf_counter() - self._t0:.0f} s)", flush=True)

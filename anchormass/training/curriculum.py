@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,24 +123,40 @@ def command(run: StageRun) -> list[str]:
     return cmd
 
 
-def execute(runs: list[StageRun], log=print) -> list[dict]:
-    """Run every stage in order (subprocesses, output streamed); stops at the first failure."""
-    summary = []
-    t_all = time.perf_counter()
-    for i, run in enumerate(runs, 1):
-        head = f"[{i}/{len(runs)}] {run.model} / {run.stage}"
+def _run_chain(chain: list[StageRun], index: dict, total: int, t_all: float, log) -> int:
+    """One model's stages in order; returns the first non-zero exit code (0 when all ran)."""
+    for run in chain:
+        head = f"[{index[id(run)]}/{total}] {run.model} / {run.stage}"
         if run.is_done():
             log(f"{head}: already done, skipped")
-        else:
-            cmd = command(run)
-            log(f"{head}: {' '.join(cmd[2:])}")
-            t0 = time.perf_counter()
-            rc = subprocess.call(cmd, cwd=REPO_ROOT)
-            if rc != 0:  # train.py already printed its reason
-                log(f"{head}: failed (exit {rc}); rerun the same command to resume; files in {run.out_dir}")
-                raise SystemExit(rc)
-            log(f"{head}: finished in {time.perf_counter() - t0:.0f} s "
-                f"(total {time.perf_counter() - t_all:.0f} s)")
+            continue
+        cmd = command(run)
+        log(f"{head}: {' '.join(cmd[2:])}")
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd, cwd=REPO_ROOT)
+        if rc != 0:  # train.py already printed its reason
+            log(f"{head}: failed (exit {rc}); rerun the same command to resume; files in {run.out_dir}")
+            return rc
+        log(f"{head}: finished in {time.perf_counter() - t0:.0f} s (total {time.perf_counter() - t_all:.0f} s)")
+    return 0
+
+
+def execute(runs: list[StageRun], log=print, parallel: int = 1) -> list[dict]:
+    """Run every stage (train.py subprocesses, output streamed). Each model's stages run in
+    order; with parallel > 1 up to that many models train side by side (a 2-core machine runs
+    two 1-thread chains faster than one 2-thread chain). Exits with the first failure's code."""
+    t_all = time.perf_counter()
+    index = {id(r): i for i, r in enumerate(runs, 1)}
+    chains: dict[str, list[StageRun]] = {}
+    for run in runs:
+        chains.setdefault(run.model, []).append(run)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        codes = list(pool.map(lambda c: _run_chain(c, index, len(runs), t_all, log), chains.values()))
+    failed = [rc for rc in codes if rc]
+    if failed:
+        raise SystemExit(failed[0])
+    summary = []
+    for run in runs:
         res = run.result() or {}
         summary.append({"model": run.model, "stage": run.stage, "checkpoint": str(run.last_ckpt),
                         "global_step": res.get("global_step"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
@@ -189,6 +190,8 @@ def train(cfg: DictConfig) -> dict:
     data_dir = Path(cfg.data_dir)
     meta = data_metadata(data_dir)
     out = check_output_dir(cfg.output_dir)
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     module = build_module(cfg, data_dir, meta)
     datamodule = build(cfg.stage.datamodule)
