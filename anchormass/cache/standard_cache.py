@@ -83,13 +83,16 @@ class StandardLayerCache(LayerCache):
 
     def keep(self, idx: torch.Tensor) -> None:
         """Keep only the stored slots `idx` ([B, H, n], ascending, per head and sequence)."""
-        n = idx.shape[-1]
-        n_stored = self.length
+        b, h, n = idx.shape
+        cap = self.capacity
+        # Row indices into the flattened [B*H*cap] slot axis: index_select copies whole D-rows,
+        # several times faster on CPU than a gather with an index expanded over D.
+        rows = (idx + torch.arange(b * h, device=idx.device).view(b, h, 1) * cap).reshape(-1)
         for buf in (self.k, self.v):
-            picked = torch.gather(buf[:, :, :n_stored], 2, idx.unsqueeze(-1).expand(-1, -1, -1, self.head_dim))
-            buf[:, :, :n] = picked
+            picked = buf.view(b * h * cap, self.head_dim).index_select(0, rows)  # [B*H*n, D]
+            buf[:, :, :n] = picked.view(b, h, n, self.head_dim)
         for t in self.aux.values():
-            t[:, :, :n] = torch.gather(t[:, :, :n_stored], 2, idx)
+            t[:, :, :n] = t.view(-1).index_select(0, rows).view(b, h, n)
         self.length = n
 
     def compact(self, reserve: int) -> None:

@@ -73,9 +73,10 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> 
     """
     tq, length = q.shape[2], k.shape[2]
     logits = torch.matmul(q.float(), k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [B, H, Tq, L]
-    rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
-    cols = torch.arange(length, device=q.device).unsqueeze(0)
-    logits = logits.masked_fill(cols > rows, float("-inf"))
+    if first_query_slot < length - 1:  # some key lies after some query (else, e.g. decoding: all visible)
+        rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
+        cols = torch.arange(length, device=q.device).unsqueeze(0)
+        logits = logits.masked_fill(cols > rows, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 
