@@ -112,3 +112,20 @@ def test_bad_arguments_are_rejected():
         with pytest.raises(ConfigError, match=fragment):
             generate(m, ids, **{"max_new_tokens": 2, **kwargs})
     assert generate(m, ids, 0).shape == (1, 0)
+
+
+@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny"])
+def test_new_cache_holds_the_autocast_dtype(name):
+    """Under GPU-style autocast the cache must hold what attention computes with (bf16), else
+    `nbytes` doubles and every step casts; outside autocast it follows the parameters."""
+    m = model(name)
+    ids = prompts(m, 1, 70)
+    cache = m.new_cache()
+    with torch.no_grad():
+        m(ids, cache=cache)
+    fp32_bytes = cache.nbytes
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        cache = m.new_cache()
+        m(ids, cache=cache)
+    assert {t.dtype for layer in cache.layers for t in layer.tensors() if t.is_floating_point()} >= {torch.bfloat16}
+    assert cache.nbytes < fp32_bytes

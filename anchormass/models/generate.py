@@ -6,6 +6,7 @@ Works with both models and every cache policy: it only uses `model(ids, cache=ca
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -67,6 +68,14 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
 
 
+def inference_autocast(model) -> contextlib.AbstractContextManager:
+    """bf16 autocast for a model on a GPU (its cache then holds bf16), nothing on CPU (fp32)."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
@@ -85,21 +94,22 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     was_training = model.training
     model.eval()
     try:
-        cache = model.new_cache(batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
-        logits = prefill(model, prompt_ids, cache, chunk_size)  # [B, V]
-        finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
-        out = []
-        for step in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
-            if eos_id is not None:
-                nxt = nxt.masked_fill(finished, eos_id)
-                finished |= nxt == eos_id
-            out.append(nxt)
-            if callback is not None:
-                callback(step, nxt)
-            if step + 1 == max_new_tokens or bool(finished.all()):
-                break
-            logits = model(nxt[:, None], cache=cache)[:, -1]
+        with inference_autocast(model):
+            cache = model.new_cache(batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
+            logits = prefill(model, prompt_ids, cache, chunk_size).float()  # [B, V]
+            finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+            out = []
+            for step in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+                if eos_id is not None:
+                    nxt = nxt.masked_fill(finished, eos_id)
+                    finished |= nxt == eos_id
+                out.append(nxt)
+                if callback is not None:
+                    callback(step, nxt)
+                if step + 1 == max_new_tokens or bool(finished.all()):
+                    break
+                logits = model(nxt[:, None], cache=cache)[:, -1].float()
     finally:
         model.train(was_training)
     if not out:

@@ -81,7 +81,9 @@ class LanguageModel(nn.Module):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32):
             raise DataError(f"input_ids must be an integer tensor [batch, seq], got {tuple(input_ids.shape)} "
                             f"{input_ids.dtype}")
-        if input_ids.numel() and not torch.compiler.is_compiling():
+        # A decoded token comes from our own sampler; skipping its check saves a device sync per step.
+        decoding = cache is not None and input_ids.shape[1] == 1
+        if input_ids.numel() and not decoding and not torch.compiler.is_compiling():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise DataError(f"token id {hi if hi >= self.cfg.vocab_size else lo} is outside the "
@@ -105,9 +107,16 @@ class LanguageModel(nn.Module):
 
     # ---------------------------------------------------------------- inference
     def new_cache(self, batch_size: int = 1, policy=None, budget=None, dtype: torch.dtype | None = None):
-        """A fresh session cache on this model's device (dtype: the parameters' unless given)."""
+        """A fresh session cache on this model's device.
+
+        dtype: the autocast dtype when autocast is on for the device (bf16 on GPU, so the cache
+        holds what attention computes with), else the parameters' dtype, unless given.
+        """
         from anchormass.cache import make_cache
 
         p = next(self.parameters())
+        if dtype is None:
+            autocast_on = torch.is_autocast_enabled(p.device.type)
+            dtype = torch.get_autocast_dtype(p.device.type) if autocast_on else p.dtype
         return make_cache(self.cfg, batch_size=batch_size, policy=policy, budget=budget,
-                          device=p.device, dtype=dtype or p.dtype)
+                          device=p.device, dtype=dtype)
