@@ -1,6 +1,7 @@
 """Hit-rate probe against a brute-force count; the hitrate and baselines suites end to end on
 random-init tiny models (tiny sizes: these check plumbing and invariants, not quality)."""
 
+import copy
 import json
 
 import numpy as np
@@ -105,19 +106,13 @@ def test_baselines_with_a_covering_token_budget_equal_the_full_cache(tmp_path, t
 
 
 def test_hitrate_suite_end_to_end(tmp_path, tiny_models):
-    std, _ = tiny_models
+    std = copy.deepcopy(tiny_models[0])
     with torch.no_grad():  # sharpen attention so some positions exceed the 0.05 threshold
         for block in std.blocks:
             block.attn.q_proj.weight.mul_(6.0)
             block.attn.k_proj.weight.mul_(6.0)
-    try:
-        cfg = {"hitrate": {"lengths": [80], "n_prompts": 1, "budget": 24, "window": 8, "new_tokens": 4}}
-        out, res = _run(tmp_path, [std], cfg, "hitrate")
-    finally:
-        with torch.no_grad():
-            for block in std.blocks:
-                block.attn.q_proj.weight.div_(6.0)
-                block.attn.k_proj.weight.div_(6.0)
+    cfg = {"hitrate": {"lengths": [80], "n_prompts": 1, "budget": 24, "window": 8, "new_tokens": 4}}
+    out, res = _run(tmp_path, [std], cfg, "hitrate")
     rate = np.array(res["models"]["standard_tiny"]["hit_rate"], dtype=float)
     assert rate.shape == (std.cfg.n_layers, std.cfg.n_heads)
     hits = np.array(res["models"]["standard_tiny"]["hits"])
