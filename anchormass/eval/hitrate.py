@@ -114,7 +114,15 @@ class HitRateSuite(Suite):
                 items.append({"model": m.label, "length": length, "prompt": i, "hits": h.tolist(),
                               "important": n.tolist()})
             rate = np.where(important > 0, hits / np.maximum(important, 1), np.nan)  # [layers, heads]
-            per_model[m.label] = {"hit_rate": [[None if np.isnan(x) else float(x) for x in row] for row in rate], "hits": hits.tolist(), "important": important.tolist()}
+            # Pooled over layers and heads, per prompt length (how the vote holds up as the prefix grows).
+            by_length = {}
+            for length in self.lengths:
+                cell = [it for it in items if it["model"] == m.label and it["length"] == length]
+                h = sum(np.sum(it["hits"]) for it in cell)
+                n = sum(np.sum(it["important"]) for it in cell)
+                by_length[length] = {"hits": int(h), "important": int(n)}
+            per_model[m.label] = {"hit_rate": [[None if np.isnan(x) else float(x) for x in row] for row in rate],
+                                  "hits": hits.tolist(), "important": important.tolist(), "by_length": by_length}
         summary = {}
         for lab, r in per_model.items():
             summary.update({f"{lab}/{k}": v for k, v in overview(np.array(r["hit_rate"], dtype=float)).items()
@@ -148,7 +156,10 @@ class HitRateSuite(Suite):
                     if o["hit_rate_mean"] is None else
                     f"mean {_pct(o['hit_rate_mean'])}, min {_pct(o['hit_rate_min'])}, "
                     f"heads above 80%: {o['heads_over_80pct']:.0%} of the heads with any important position")
-            out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}\n")
+            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])}"
+                                for n, c in r.get("by_length", {}).items())
+            out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}. Pooled over layers and heads, "
+                       f"by prompt length: {per_len}.\n")
         return "\n".join(out)
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
