@@ -9,6 +9,9 @@ import torch
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Subprocesses the tests start (training runs, DDP workers) inherit this: on a 2-core CI machine two
+# processes of two threads each oversubscribe the cores and stall.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
