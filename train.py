@@ -25,5 +25,17 @@ def main(cfg: DictConfig) -> None:
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
 
 
+@exit_on_error
+def check_run_dir(argv: list[str]) -> None:
+    """Hydra creates its run folder before any of our code runs; an unwritable one must still
+    fail with one line and exit 2, so check an explicit hydra.run.dir first."""
+    from anchormass.training.run import check_output_dir
+
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            check_output_dir(arg.split("=", 1)[1])
+
+
 if __name__ == "__main__":
+    check_run_dir(sys.argv[1:])
     main()

@@ -96,3 +96,15 @@ def test_sweep_runs_each_job_in_its_own_folder(data, tmp_path):
     assert [p.parent.name for p in results] == ["0", "1"]
     lrs = {p.parent.name: (p.parent / ".hydra" / "overrides.yaml").read_text() for p in results}
     assert "optim.lr=0.001" in lrs["0"] and "optim.lr=0.003" in lrs["1"]
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cases = [(train_cmd([f"data_dir={tmp_path / 'missing'}"], tmp_path / "out"), "no prepared data folder"),
+             (train_cmd([], blocker / "sub"), "not writable")]  # Hydra's own run folder
+    for cmd, fragment in cases:
+        proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr
