@@ -78,6 +78,8 @@ def test_each_stage_trains_both_models(stage, data, tmp_path):
         assert hp["model_config"]["vocab_size"] == 400  # from the prepared data, not the preset's 28,000
         assert hp["trained_lengths"] == [64] and hp["model_config"]["original_max_len"] == 64
         assert hp["tokenizer_path"].endswith("tokenizer.model") and hp["data_fingerprint"]
+        assert hp["tokenizer_checksum"] == json.loads((stage_data(stage, data) / "meta.json").read_text())[
+            "tokenizer_checksum"]
         logits = loaded(torch.zeros(1, 8, dtype=torch.long))
         assert logits.shape == (1, 8, 400) and torch.isfinite(logits).all()
 
@@ -110,6 +112,15 @@ def test_init_from_other_architecture_is_refused(data, tmp_path):
                         tmp_path / "b")
     with pytest.raises(CheckpointError, match="different model.*arch"):
         train(cfg)
+
+
+def test_init_from_with_another_tokenizer_is_refused(tmp_path):
+    from anchormass.training.run import check_same_tokenizer
+
+    saved = {"tokenizer_checksum": "a" * 64}
+    with pytest.raises(CheckpointError, match="tokenizer aaaaaaaaaaaa, but .* tokenized with 000000000000"):
+        check_same_tokenizer(saved, {"tokenizer_checksum": "0" * 64}, "x.ckpt", tmp_path)
+    check_same_tokenizer(saved, {"tokenizer_checksum": "a" * 64}, "x.ckpt", tmp_path)  # same tokenizer: fine
 
 
 def test_nan_stops_the_run_and_keeps_last_good_checkpoint(data, tmp_path):

@@ -23,7 +23,8 @@ DEFAULT_OPTIM = dict(lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, war
 class LitLanguageModel(L.LightningModule):
     def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict | None = None,
                  trained_lengths: list[int] | None = None, tokenizer_path: str | None = None,
-                 data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024):
+                 data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024,
+                 tokenizer_checksum: str | None = None):
         super().__init__()
         cfg = ModelConfig.from_dict(model_config)
         trained = sorted(set(trained_lengths or []) | {int(seq_len)})
@@ -33,7 +34,8 @@ class LitLanguageModel(L.LightningModule):
             model_config=cfg.to_dict(), total_steps=int(total_steps), seq_len=int(seq_len),
             optim={**DEFAULT_OPTIM, **(optim or {})}, trained_lengths=trained,
             tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
-            data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk)))
+            data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk),
+            tokenizer_checksum=tokenizer_checksum))
         from anchormass.models import build_model
 
         self.model = build_model(cfg)

@@ -156,6 +156,15 @@ def check_same_architecture(saved: dict, model_cfg, path) -> None:
         raise CheckpointError(f"init_from {path} is a different model ({'; '.join(diff)})")
 
 
+def check_same_tokenizer(saved: dict, meta: dict, path, data_dir: Path) -> None:
+    """Token ids only mean the same thing under the same tokenizer: a stage's data must be
+    tokenized like the data its starting checkpoint was trained on."""
+    before, now = saved.get("tokenizer_checksum"), meta.get("tokenizer_checksum")
+    if before and now and before != now:
+        raise CheckpointError(f"init_from {path} was trained with tokenizer {before[:12]}, but {data_dir} is "
+                              f"tokenized with {now[:12]}; prepare the data with the checkpoint's tokenizer")
+
+
 def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageModel:
     trained_lengths: list[int] = []
     init_ckpt = None
@@ -173,9 +182,10 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         optim=OmegaConf.to_container(cfg.optim, resolve=True), trained_lengths=trained_lengths,
         tokenizer_path=str(tokenizer) if tokenizer.is_file() else None,
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
-        loss_chunk=int(cfg.stage.get("loss_chunk", 1024)))
+        loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"))
     if init_ckpt is not None:
         check_same_architecture(init_ckpt["hyper_parameters"]["model_config"], model_cfg, cfg.init_from)
+        check_same_tokenizer(init_ckpt["hyper_parameters"], meta, cfg.init_from, data_dir)
         load_weights(module.model, init_ckpt, cfg.init_from)
     return module
 
