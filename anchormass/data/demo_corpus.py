@@ -73,7 +73,12 @@ def _new_fact(rng: random.Random, used: set) -> _Fact | None:
 
 
 def _filler(rng: random.Random) -> str:
-    kind = rng.randrange(6)
+    kind = rng.randrange(7)
+    if kind == 6:
+        # a random digit string said twice: the plainest copy task, where a small model first
+        # learns the induction pattern it then uses to answer the questions
+        digits = " ".join(str(rng.randrange(10)) for _ in range(rng.randrange(5, 10)))
+        return f"The list is {digits}. Again, the list is {digits}."
     if kind == 5:
         return rng.choice(CLASSIC_FILLER)
     if kind == 0:
