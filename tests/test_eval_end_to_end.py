@@ -158,3 +158,13 @@ def test_passkey_with_natural_text_filler_from_a_token_file(assets, tmp_path):
     res = json.loads((run_evaluation(cfg) / "results.json").read_text())
     assert res["suites"]["passkey"]["filler"] == "tokens" and "passkey_filler" in res["data"]
     assert len(res["suites"]["passkey"]["items"]) == 2
+
+
+def test_checkpoint_trained_with_another_tokenizer_is_refused(assets, tmp_path):
+    from anchormass.errors import CheckpointError
+    from anchormass.eval.loading import load_tokenizer
+    from anchormass.eval.suite import EvalModel
+
+    m = EvalModel("m", None, None, "x", {"tokenizer_checksum": "f" * 64})
+    with pytest.raises(CheckpointError, match="not the one model 'm' was trained with"):
+        load_tokenizer(assets / "tok.model", [m])

@@ -109,6 +109,10 @@ def load_tokenizer(path: Path, models: list[EvalModel]):
 
     tok = Tokenizer.load(path)
     for m in models:
+        want = m.hparams.get("tokenizer_checksum")
+        if want and want != tok.checksum:
+            raise CheckpointError(f"tokenizer {path} (sha256 {tok.checksum[:12]}) is not the one model '{m.label}' "
+                                  f"was trained with ({want[:12]}); pass tokenizer=<the right file>")
         if tok.vocab_size > m.config.vocab_size:
             raise CheckpointError(f"tokenizer {path} has {tok.vocab_size} ids but model '{m.label}' only "
                                   f"{m.config.vocab_size}: tokenizer and checkpoint do not match")
