@@ -166,8 +166,9 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
             "device": str(device),
             "dtype": str(next(models[0].model.parameters()).dtype).replace("torch.", ""),
             "models": [_model_info(m) for m in models],
+            # the checksum of the bytes actually loaded (the file could be rebuilt during a long run)
             "tokenizer": None if tok_path is None else {"path": str(tok_path.resolve()),
-                                                         "sha256": sha256_file(tok_path) if tok_path.is_file() else None},
+                                                         "sha256": getattr(tokenizer, "checksum", None)},
             "data": data,
             "config": cfg,
         }
