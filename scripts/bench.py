@@ -37,8 +37,27 @@ def _lengths(text: str) -> list[int]:
     return out
 
 
+def _shapes(text: str) -> list[list[int]]:
+    """'4x1K,1x4K' -> [[4, 1024], [1, 4096]] (batch x sequence length)."""
+    out = []
+    for part in filter(None, text.split(",")):
+        batch, _, seq = part.strip().upper().partition("X")
+        try:
+            out.append([int(batch), _lengths(seq)[0]])
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"bad shape '{part}' (use e.g. 4x1K)") from None
+    if not out or min(b for b, _ in out) <= 0:
+        raise argparse.ArgumentTypeError("need one or more shapes like 4x1K")
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like every other bad input
+        raise ConfigError(f"{self.prog}: {message}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None, help="cpu_mini (default on CPU), cuda_158m (default on CUDA), toy")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the preset's (cpu)")
     p.add_argument("--out", default=None, help="output folder (default outputs/bench/<preset>)")
@@ -52,6 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefill-lengths", type=_lengths)
     p.add_argument("--decode-lengths", type=_lengths)
     p.add_argument("--memory-lengths", type=_lengths)
+    p.add_argument("--train-shapes", type=_shapes, help="batch x length list, e.g. 4x1K,1x4K")
     p.add_argument("--chunk", type=int, help="prefill chunk size")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--skip", default="", help=f"comma list of sections to skip: {','.join(SECTIONS)}")
@@ -71,7 +91,8 @@ def main(argv=None) -> int:
         "standard": args.standard, "anchormass": args.anchormass, "dtype": args.dtype, "repeats": args.repeats,
         "warmup": args.warmup, "decode_windows": args.decode_windows, "decode_budget": args.decode_budget,
         "prefill_lengths": args.prefill_lengths, "decode_lengths": args.decode_lengths,
-        "memory_lengths": args.memory_lengths, "chunk": args.chunk, "seed": args.seed}.items() if v is not None}
+        "memory_lengths": args.memory_lengths, "train_shapes": args.train_shapes, "chunk": args.chunk,
+        "seed": args.seed}.items() if v is not None}
     if args.device is not None:
         overrides["device"] = args.device
     cfg = suite.preset(name, **overrides)

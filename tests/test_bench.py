@@ -47,7 +47,8 @@ def test_every_section_measures_both_models(toy_run):
                 assert row["cache"]["tokens"] >= n
                 assert row["cache"]["nbytes"] > 0
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in result["prefill"])
-    assert all(r["tokens_per_s"] > 0 for r in result["train"])
+    assert all(r["tokens_per_s"] > 0 and r["cpu_tokens_per_s"] > 0 for r in result["train"])
+    assert all(len(r["cpu_times_s"]) == 2 for r in result["prefill"] + result["train"])
     assert all(len(r["windows_ms_per_token"]) == 2 for r in result["decode"])
     assert [r["length"] for r in result["memory"]] == [SHORT, LONG]
     # The budget-limited AnchorMass cache never holds more slots than the budget (16).
@@ -154,7 +155,8 @@ def _load_cli():
 
 @pytest.mark.parametrize("argv", [["--preset", "nope"], ["--preset", "toy", "--skip", "lunch"],
                                   ["--preset", "toy", "--repeats", "0"],
-                                  ["--preset", "toy", "--standard", "anchormass_tiny"]])
+                                  ["--preset", "toy", "--standard", "anchormass_tiny"],
+                                  ["--preset", "toy", "--train-shapes", "4y1K"], ["--prefill-lengths", "-8K"]])
 def test_cli_rejects_bad_input_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         _load_cli().main(argv)

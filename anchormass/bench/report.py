@@ -82,7 +82,7 @@ def render(result: dict, target_rows: list[dict]) -> str:
     out += ["## Targets (ratios measured side by side in this run)", ""]
     out += _table(["target", "bound", "measured", "result", "same ratio on CPU time"],
                   [[t["what"], t["target"], _fmt(t["measured"], ".3f"), t["status"],
-                    _fmt(t.get("measured_cpu_time"), ".3f") if t.get("measured_cpu_time") is not None else "-"]
+                    _fmt(t.get("measured_cpu_time"), ".3f") if t.get("timed", True) else "-"]
                    for t in target_rows])
     for section, title in _titles(result).items():
         cols = COLUMNS[section]
@@ -153,6 +153,7 @@ def plot(result: dict, path: str | Path) -> Path:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] / scale for p in pts], style, label=model)
         ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)  # ratios read honestly: no zoomed-in axis
         ax.set_xlabel("context tokens")
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -11,7 +11,8 @@ Sections (each a list of rows {model, length, ...}), in this order:
 - train:   forward + loss + backward (no optimizer update) on [batch, seq]; tokens/s.
 - memory:  peak memory growth of a whole session (new cache + prefill + a few decode steps).
 Warm-up runs before the first measurement of a section (one-time costs: lazy init, first
-allocations); later lengths are not warmed again, which keeps the CPU run within minutes.
+allocations); later lengths are not warmed again on CPU, which keeps the run within minutes
+(`warmup_each` warms every length, for compiled kernels on CUDA).
 Out-of-memory is recorded as a result ("OOM"), not a crash.
 """
 
@@ -41,6 +42,9 @@ class BenchConfig:
     seed: int = 0
     chunk: int = 1024  # prefill chunk (SPEC 2.5 default)
     warmup: int = 1
+    # Warm up before every length / shape, not only the first: needed where a new shape costs a
+    # one-time compile (FlexAttention on CUDA); on CPU it would only double the long runs.
+    warmup_each: bool = False
     repeats: int = 3
     prefill_lengths: list[int] = field(default_factory=lambda: [8 * K, 32 * K])
     prefill_budget: int | None = None  # AnchorMass slots in the prefill section; None = model default
@@ -65,7 +69,7 @@ PRESETS = {
     "cuda_158m": BenchConfig(
         standard="standard_158m", anchormass="anchormass_158m", device="cuda", dtype="bfloat16",
         prefill_lengths=_LENGTHS_4K_256K, decode_lengths=_LENGTHS_4K_256K, memory_lengths=_LENGTHS_4K_256K,
-        memory_models=["standard", "anchormass"],
+        memory_models=["standard", "anchormass"], warmup_each=True,
     ),
     # Seconds-long smoke run of the harness (tests): tiny models shrunk further (one layer, small
     # vocabulary, 16-token blocks so a decode window is 16 tokens), short sequences.
@@ -170,7 +174,7 @@ class Bench:
             rows = {label: self._row("prefill", label, length=length, budget=budget[label]) for label in self.models}
 
             def fill():
-                warmup = self.cfg.warmup if i == 0 else 0
+                warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
                 fns = {label: session(label) for label in self.models}
                 for label, t in measure.time_interleaved(fns, self.device, warmup, self.cfg.repeats).items():
                     rows[label].update(t.to_dict(), cache=workloads.cache_summary(keep[label][0]))
@@ -232,7 +236,7 @@ class Bench:
             rows = {label: self._row("train", label, batch=batch, length=seq) for label in self.models}
 
             def fill():
-                warmup = self.cfg.warmup if i == 0 else 0
+                warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
                 for label, t in measure.time_interleaved(steps, self.device, warmup, self.cfg.repeats).items():
                     rows[label].update(t.to_dict(), tokens_per_s=batch * seq / t.median,
                                        cpu_tokens_per_s=batch * seq / t.cpu_median)

@@ -142,5 +142,6 @@ def evaluate(result: dict, targets: list[Target] | None = None) -> list[dict]:
         value = t.compute(result, "wall")
         status = "n/a" if value is None else ("PASS" if OPS[t.op](value, t.bound) else "MISS")
         rows.append({"key": t.key, "what": t.what, "target": f"{t.op} {t.bound:g}", "measured": value,
-                     "measured_cpu_time": t.compute(result, "cpu") if t.timed else None, "status": status})
+                     "measured_cpu_time": t.compute(result, "cpu") if t.timed else None, "timed": t.timed,
+                     "status": status})
     return rows
