@@ -10,7 +10,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from anchormass.data.datamodule import PretrainDataModule
 from anchormass.data.testing import tiny_pretrain
 
-SEQ, GBS, ACC, MAX_STEPS, CKPT_STEP = 512, 4, 2, 9, 6
+GBS, ACC, MAX_STEPS, CKPT_STEP = 4, 2, 9, 6
+SEQ = 64  # the DDP test; the resume test picks its own so that an epoch is 4 steps
 
 
 class Recorder(L.LightningModule):
@@ -27,8 +28,14 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+def seq_for_short_epochs(data_dir, steps_per_epoch=4):
+    """A seq_len giving steps_per_epoch optimizer steps per pass (one partial batch at the end)."""
+    n_tokens = PretrainDataModule(data_dir, 8, GBS).data.meta["splits"]["train"]["tokens"]
+    return (n_tokens - 1) // (steps_per_epoch * GBS - 2)
+
+
 def fit(data_dir, root, ckpt_path=None):
-    dm, model = PretrainDataModule(data_dir, SEQ, GBS, seed=42), Recorder()
+    dm, model = PretrainDataModule(data_dir, seq_for_short_epochs(data_dir), GBS, seed=42), Recorder()
     ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=3, save_top_k=-1, filename="{step}")
     trainer = L.Trainer(max_steps=MAX_STEPS, accumulate_grad_batches=ACC, accelerator="cpu", devices=1,
                         logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[ckpt],
@@ -51,7 +58,7 @@ def test_lightning_resume_continues_the_global_order(tmp_path):
     assert len(resumed) == (MAX_STEPS - CKPT_STEP) * ACC
     assert all(torch.equal(a, b) for a, b in zip(resumed, full[CKPT_STEP * ACC:]))
     # and the uninterrupted run itself followed the global order, step by step
-    ref = PretrainDataModule(data_dir, SEQ, GBS, seed=42)
+    ref = PretrainDataModule(data_dir, seq_for_short_epochs(data_dir), GBS, seed=42)
     for step in range(MAX_STEPS):
         glued = torch.cat(full[step * ACC:(step + 1) * ACC])
         want = torch.stack([torch.from_numpy(ref.train_samples.get(int(i))[0]) for i in ref.order.global_batch(step)])
