@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 from anchormass.bench.targets import cache_rows
@@ -94,7 +95,9 @@ def render(result: dict, target_rows: list[dict]) -> str:
         for r in sorted(cache_rows(result, model), key=lambda r: (str(r["budget"]), r["length"], r["section"])):
             crow.append([model, r["section"], r["length"], r["tokens"], _budget(r, result), f"{r['nbytes']:,}"])
     out += _table(["model", "session", "prompt", "tokens seen", "budget", "bytes"], crow)
-    out += ["", f"total bench time {result['elapsed_s']:.0f} s", ""]
+    out += ["", f"total bench time {result['elapsed_s']:.0f} s wall, {result['cpu_elapsed_s']:.0f} s process CPU; "
+            f"load average (1/5/15 min) {result['load_avg_start']} at start, {result['load_avg_end']} at end "
+            f"on {os.cpu_count()} CPUs", ""]
     return "\n".join(out)
 
 

@@ -19,6 +19,7 @@ Out-of-memory is recorded as a result ("OOM"), not a crash.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -92,6 +93,14 @@ def _is_oom(err: BaseException) -> bool:
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+
+
+def _load_avg() -> list[float] | None:
+    """1/5/15-minute load averages: how busy the machine was, to read wall-clock times by."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _log(msg: str) -> None:
@@ -282,8 +291,9 @@ class Bench:
         return out
 
     def run(self, skip=()) -> dict:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = {
+            "load_avg_start": _load_avg(),
             "config": self.cfg.to_dict(),
             "device": str(self.device),
             "torch": torch.__version__,
@@ -294,4 +304,6 @@ class Bench:
         for section in SECTIONS:
             result[section] = [] if section in skip else getattr(self, f"run_{section}")()
         result["elapsed_s"] = time.perf_counter() - t0
+        result["cpu_elapsed_s"] = time.process_time() - c0
+        result["load_avg_end"] = _load_avg()
         return result
