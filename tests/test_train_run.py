@@ -112,6 +112,11 @@ def test_init_from_other_architecture_is_refused(data, tmp_path):
                         tmp_path / "b")
     with pytest.raises(CheckpointError, match="different model.*arch"):
         train(cfg)
+    # Resuming ("last" = this run folder's last.ckpt) as the other architecture is refused too.
+    cfg = compose_train(["model=anchormass_tiny", f"data_dir={data['pretrain']}", "ckpt_path=last", *FAST],
+                        tmp_path / "a")
+    with pytest.raises(CheckpointError, match="different model.*arch"):
+        train(cfg)
 
 
 def test_init_from_with_another_tokenizer_is_refused(tmp_path):

@@ -25,7 +25,6 @@ from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
 
-RESUME_KEYWORDS = ("last", "hpc", "registry")
 RESULT_FILE = "train_result.json"
 
 
@@ -153,7 +152,7 @@ def check_same_architecture(saved: dict, model_cfg, path) -> None:
     now = model_cfg.to_dict()
     diff = [f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in ARCH_FIELDS if saved.get(k) != now[k]]
     if diff:
-        raise CheckpointError(f"init_from {path} is a different model ({'; '.join(diff)})")
+        raise CheckpointError(f"{path} is a different model ({'; '.join(diff)})")
 
 
 def check_same_tokenizer(saved: dict, meta: dict, path, data_dir: Path) -> None:
@@ -166,16 +165,13 @@ def check_same_tokenizer(saved: dict, meta: dict, path, data_dir: Path) -> None:
 
 
 def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageModel:
-    trained_lengths: list[int] = []
-    init_ckpt = None
-    resume = cfg.get("ckpt_path")
-    if resume and str(resume) not in RESUME_KEYWORDS:
-        # Resume: the checkpoint's own lengths (and thus RoPE original_max_len) stay authoritative.
-        trained_lengths = list(read_checkpoint(resume)["hyper_parameters"].get("trained_lengths", []))
-    elif cfg.get("init_from"):
-        init_ckpt = read_checkpoint(cfg.init_from)
-        trained_lengths = list(init_ckpt["hyper_parameters"].get("trained_lengths", []))
     model_cfg = resolve_model_config(cfg, meta)
+    start = cfg.get("ckpt_path") or cfg.get("init_from")
+    start_ckpt = read_checkpoint(start) if start else None
+    if start_ckpt is not None:
+        check_same_architecture(start_ckpt["hyper_parameters"]["model_config"], model_cfg, start)
+    # Lengths trained so far (RoPE original_max_len) come from the run we continue or start from.
+    trained_lengths = list(start_ckpt["hyper_parameters"].get("trained_lengths", [])) if start_ckpt else []
     tokenizer = data_dir / "tokenizer.model"
     module = LitLanguageModel(
         model_config=model_cfg.to_dict(), total_steps=cfg.stage.total_steps, seq_len=cfg.stage.seq_len,
@@ -183,17 +179,20 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         tokenizer_path=str(tokenizer) if tokenizer.is_file() else None,
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
         loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"))
-    if init_ckpt is not None:
-        check_same_architecture(init_ckpt["hyper_parameters"]["model_config"], model_cfg, cfg.init_from)
-        check_same_tokenizer(init_ckpt["hyper_parameters"], meta, cfg.init_from, data_dir)
-        load_weights(module.model, init_ckpt, cfg.init_from)
+    if start_ckpt is not None and not cfg.get("ckpt_path"):
+        # init_from: weights only (a resume gets everything from Lightning's own restore).
+        check_same_tokenizer(start_ckpt["hyper_parameters"], meta, start, data_dir)
+        load_weights(module.model, start_ckpt, start)
     return module
 
 
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
     resume = cfg.get("ckpt_path")
-    if resume and str(resume) not in RESUME_KEYWORDS and not Path(resume).is_file():
+    if resume == "last":  # this run's own last.ckpt (resolved here so its hparams are read too)
+        resume = str(Path(cfg.output_dir) / "checkpoints" / "last.ckpt")
+        cfg.ckpt_path = resume
+    if resume and not Path(resume).is_file():
         raise CheckpointError(f"ckpt_path not found: {resume}")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         raise CheckpointError(f"init_from checkpoint not found: {cfg.init_from}")
