@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
-from anchormass.eval.io import sha256_file
+from anchormass.eval.io import REPO_ROOT, sha256_file
 from anchormass.eval.suite import EvalModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -86,6 +86,14 @@ def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[Eva
     return models
 
 
+def _repo_relative(path: Path) -> Path:
+    """Checkpoints store paths relative to the checkout they were trained in (e.g. data/demo/...)."""
+    if path.is_absolute() or path.exists():
+        return path
+    alt = REPO_ROOT / path
+    return alt if alt.exists() else path
+
+
 def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
     """`tokenizer=` wins; else the checkpoints' own tokenizer (they must agree)."""
     if cfg.get("tokenizer"):
@@ -93,7 +101,7 @@ def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
         if not path.exists():
             raise DataError(f"tokenizer not found: {path}")
         return path
-    paths = [Path(m.hparams["tokenizer_path"]) for m in models if m.hparams.get("tokenizer_path")]
+    paths = [_repo_relative(Path(m.hparams["tokenizer_path"])) for m in models if m.hparams.get("tokenizer_path")]
     for p in paths:
         if not p.exists():
             raise DataError(f"tokenizer named by the checkpoint not found: {p} (pass tokenizer=<path>)")
