@@ -7,7 +7,7 @@ Add to a training config's callbacks group, e.g.
       every_n_steps: 200
       suites: [ppl, passkey]
       preset: cpu_tiny            # configs/eval/<preset>.yaml; `overrides` deep-merges on top
-      data_dir: ${data.dir}       # val.bin for ppl
+      data_dir: ${data_dir}       # val.bin for ppl (train.yaml's data folder)
       tokenizer: null             # default: the LightningModule's hparams.tokenizer_path
 
 Runs on global rank 0 only (the live model, no checkpoint round trip), writes the usual
