@@ -189,8 +189,9 @@ class Bench:
                     rows[label].update(t.to_dict(), cache=workloads.cache_summary(keep[label][0]))
 
             self._guarded(list(rows.values()), fill)
-            for label, state in keep.items():
-                self._sessions[(label, length, budget[label])] = state
+            for label, state in keep.items():  # kept only where the decode section can use it
+                if length in self.cfg.decode_lengths and budget[label] == self._budget(label, self.cfg.decode_budget):
+                    self._sessions[(label, length, budget[label])] = state
             self._log_rows(rows.values(), "median_s", "s", ".3f")
             out += rows.values()
         return out
