@@ -169,3 +169,26 @@ def test_cli_exits_2_as_a_process():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "nope"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown bench preset"), proc.stderr
+
+
+def test_out_of_memory_is_a_result_for_that_model_only(monkeypatch):
+    """A Standard session that does not fit becomes 'OOM'; AnchorMass at the same length still runs."""
+    real_prefill = suite.workloads.prefill
+
+    def prefill(model, ids, policy, budget, chunk):
+        if model.cfg.arch == "standard" and ids.shape[1] == LONG:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_prefill(model, ids, policy, budget, chunk)
+
+    monkeypatch.setattr(suite.workloads, "prefill", prefill)
+    cfg = suite.preset("toy", repeats=1, decode_windows=1, memory_models=["standard", "anchormass"])
+    result = suite.Bench(cfg, log=lambda msg: None).run(skip=("train",))
+    status = {(r["section"], r["model"], r["length"]): r["status"]
+              for section in ("prefill", "decode", "memory") for r in result[section]}
+    for section in ("prefill", "decode", "memory"):
+        assert status[(section, "standard", LONG)] == "OOM"
+        assert status[(section, "anchormass", LONG)] == "ok"
+        assert status[(section, "standard", SHORT)] == "ok"
+    rows = {r["key"]: r for r in targets.evaluate(result, targets.issue_targets(**TOY))}
+    assert rows["prefill_long"]["status"] == rows["decode_speedup"]["status"] == "n/a"
+    assert "OOM" in report.render(result, list(rows.values()))

@@ -144,6 +144,11 @@ class Bench:
     def _row(self, section: str, label: str, **kw) -> dict:
         return {"section": section, "model": label, "name": getattr(self.cfg, label), **kw}
 
+    def _free(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _guarded(self, rows: list[dict], fn) -> None:
         """Run fn() (which fills the rows); out-of-memory marks the rows 'OOM' instead of crashing."""
         try:
@@ -153,11 +158,32 @@ class Bench:
             if not _is_oom(err):
                 raise
             status = "OOM"
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._free()
         for row in rows:
             row["status"] = status
+
+    def _interleave(self, fns: dict, rows: dict, warmup: int, repeats: int, post) -> None:
+        """Time `fns` interleaved; `post(key, timing)` gives a row's fields. A callable that runs
+        out of memory leaves the rotation and only its own row becomes 'OOM'."""
+        dead: set = set()
+
+        def guarded(key, fn):
+            def run():
+                if key in dead:
+                    return
+                try:
+                    fn()
+                except (RuntimeError, MemoryError) as err:
+                    if not _is_oom(err):
+                        raise
+                    dead.add(key)
+                    self._free()
+            return run
+
+        timings = measure.time_interleaved({k: guarded(k, f) for k, f in fns.items()}, self.device, warmup, repeats)
+        for key, t in timings.items():
+            rows[key].update({"status": "OOM"} if key in dead else {**post(key, t), "status": "ok"})
+        self._free()
 
     def _log_rows(self, rows, key: str, unit: str, spec: str) -> None:
         for r in rows:
@@ -182,13 +208,9 @@ class Bench:
 
             rows = {label: self._row("prefill", label, length=length, budget=budget[label]) for label in self.models}
 
-            def fill():
-                warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
-                fns = {label: session(label) for label in self.models}
-                for label, t in measure.time_interleaved(fns, self.device, warmup, self.cfg.repeats).items():
-                    rows[label].update(t.to_dict(), cache=workloads.cache_summary(keep[label][0]))
-
-            self._guarded(list(rows.values()), fill)
+            warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
+            self._interleave({label: session(label) for label in self.models}, rows, warmup, self.cfg.repeats,
+                             lambda label, t: {**t.to_dict(), "cache": workloads.cache_summary(keep[label][0])})
             for label, state in keep.items():  # kept only where the decode section can use it
                 if length in self.cfg.decode_lengths and budget[label] == self._budget(label, self.cfg.decode_budget):
                     self._sessions[(label, length, budget[label])] = state
@@ -223,15 +245,11 @@ class Bench:
                 state[key][1] = workloads.decode(self.models[key[0]], *state[key], window)
             return fn
 
-        def fill():
-            fns = {key: window_of(key) for key in state}
-            for key, t in measure.time_interleaved(fns, self.device, 1, self.cfg.decode_windows).items():
-                rows[key].update(ms_per_token=1000.0 * t.median / window,
-                                 windows_ms_per_token=[1000.0 * s / window for s in t.times],
-                                 cpu_ms_per_token=1000.0 * t.cpu_median / window,
-                                 cache=workloads.cache_summary(state[key][0]))
-
-        self._guarded([rows[key] for key in state], fill)
+        self._interleave({key: window_of(key) for key in state}, rows, 1, self.cfg.decode_windows,
+                         lambda key, t: {"ms_per_token": 1000.0 * t.median / window,
+                                         "windows_ms_per_token": [1000.0 * s / window for s in t.times],
+                                         "cpu_ms_per_token": 1000.0 * t.cpu_median / window,
+                                         "cache": workloads.cache_summary(state[key][0])})
         state.clear()
         self._log_rows(rows.values(), "ms_per_token", "ms/token", ".2f")
         return list(rows.values())
@@ -245,13 +263,10 @@ class Bench:
             steps = {label: (lambda m=m: workloads.train_step(m, ids)) for label, m in self.models.items()}
             rows = {label: self._row("train", label, batch=batch, length=seq) for label in self.models}
 
-            def fill():
-                warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
-                for label, t in measure.time_interleaved(steps, self.device, warmup, self.cfg.repeats).items():
-                    rows[label].update(t.to_dict(), tokens_per_s=batch * seq / t.median,
-                                       cpu_tokens_per_s=batch * seq / t.cpu_median)
-
-            self._guarded(list(rows.values()), fill)
+            warmup = self.cfg.warmup if i == 0 or self.cfg.warmup_each else 0
+            self._interleave(steps, rows, warmup, self.cfg.repeats,
+                             lambda label, t: {**t.to_dict(), "tokens_per_s": batch * seq / t.median,
+                                               "cpu_tokens_per_s": batch * seq / t.cpu_median})
             self._log_rows(rows.values(), "tokens_per_s", "tok/s", ".0f")
             out += rows.values()
         for model in self.models.values():
