@@ -157,3 +157,13 @@ def test_bad_input_fails_fast_with_one_line(data, tmp_path):
         train(compose_train([f"data_dir={data['pretrain']}", *FAST], blocker / "sub"))
     with pytest.raises(DataError, match="needs 'sft'"):  # chat SFT stage on a pretraining corpus
         train(compose_train(["stage=chat_sft", f"data_dir={data['pretrain']}", *FAST], tmp_path / "o2"))
+
+
+def test_eval_callbacks_run_the_evaluation_suites_during_training(data, tmp_path):
+    """callbacks=with_eval: the eval library's suites on the live model (here ppl at smoke sizes)."""
+    over = ["model=anchormass_tiny", f"data_dir={data['pretrain']}", *FAST, "callbacks=with_eval",
+            "callbacks.eval.suites=[ppl]", "callbacks.eval.every_n_steps=2", "logger=csv"]
+    train(compose_train(over, tmp_path))
+    assert (tmp_path / "eval" / "step0000002" / "results.json").is_file()
+    header = (tmp_path / "logs" / "metrics.csv").read_text().splitlines()[0]
+    assert "eval/ppl/" in header, header  # the suite's scalars reached the trainer's logger
