@@ -29,7 +29,7 @@ def test_every_config_composes(tmp_path):
 
     from _train_helpers import CONFIG_DIR
 
-    groups = {"stage": STAGES, "trainer": ["cpu", "gpu", "ddp", "fsdp"],
+    groups = {"stage": STAGES, "trainer": ["cpu", "gpu", "ddp", "ddp_cpu", "fsdp"],
               "logger": ["csv", "tensorboard", "wandb", "none"], "callbacks": ["default"],
               "experiment": ["standard_158m", "anchormass_158m", "demo_tiny"]}
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -73,8 +73,7 @@ def test_ddp_two_processes_match_one_process(data, tmp_path):
             "logger=csv", "trainer.log_every_n_steps=1"]
     one = run_train(over, tmp_path / "one")
     assert one.returncode == 0, _fail(one)
-    two = run_train(over + ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                            "trainer.precision=32-true", "trainer.peak_tflops=null"], tmp_path / "two")
+    two = run_train(over + ["trainer=ddp_cpu"], tmp_path / "two")
     assert two.returncode == 0, _fail(two)
     l1 = _losses(tmp_path / "one" / "logs" / "metrics.csv")
     l2 = _losses(tmp_path / "two" / "logs" / "metrics.csv")
