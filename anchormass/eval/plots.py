@@ -45,6 +45,7 @@ def profile(result: dict, path: Path) -> str:
                 if r.get("status") not in (None, "ok"):
                     ax.annotate(r["status"], (x, 0), textcoords="offset points", xytext=(0, 4), fontsize=7)
         ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)  # sizes and rates: the zero line makes growth readable
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
