@@ -68,17 +68,21 @@ def test_every_group_instantiates(data, tmp_path):
 def test_each_stage_trains_both_models(stage, data, tmp_path):
     for model in MODELS:
         out = tmp_path / model
+        # Long-context examples are 257 tokens with the answers at the end: train on all of them.
+        seq = ["stage.seq_len=256"] if stage.startswith("longctx") else []
         cfg = compose_train([f"stage={stage}", f"model={model}", f"data_dir={stage_data(stage, data)}", *FAST,
-                             "trainer.peak_tflops=0.001"], out)
+                             "trainer.peak_tflops=0.001", *seq], out)
         result = train(cfg)
         assert result["global_step"] == 2
         assert result["metrics"]["perf/tokens_per_s"] > 0 and 0 < result["metrics"]["perf/mfu"]
+        assert result["metrics"]["train/target_tokens"] > 0  # the loss really covered some targets
         res = json.loads((out / "train_result.json").read_text())
         assert res["stage"] == stage and torch.isfinite(torch.tensor(res["metrics"]["train/loss"]))
         loaded, hp = load_model(out / "checkpoints" / "last.ckpt")
         assert hp["model_config"]["arch"] == model.split("_")[0]
         assert hp["model_config"]["vocab_size"] == 400  # from the prepared data, not the preset's 28,000
-        assert hp["trained_lengths"] == [64] and hp["model_config"]["original_max_len"] == 64
+        length = 256 if stage.startswith("longctx") else 64
+        assert hp["trained_lengths"] == [length] and hp["model_config"]["original_max_len"] == length
         assert hp["tokenizer_path"].endswith("tokenizer.model") and hp["data_fingerprint"]
         assert hp["tokenizer_checksum"] == json.loads((stage_data(stage, data) / "meta.json").read_text())[
             "tokenizer_checksum"]
@@ -98,12 +102,12 @@ def test_stage_chaining_starts_from_previous_weights(data, tmp_path):
 
     _, ckpt1 = run("pretrain_1k", 32, tmp_path / "s1")
     _, ckpt2 = run("warmup_4k", 64, tmp_path / "s2", ckpt1)
-    start3a, ckpt3 = run("longctx_8k", 128, tmp_path / "s3a", ckpt2)
+    start3a, ckpt3 = run("longctx_8k", 256, tmp_path / "s3a", ckpt2)
     saved2 = {k[len("model."):]: v for k, v in read_checkpoint(ckpt2)["state_dict"].items()}
     assert start3a.keys() == saved2.keys()
     assert all(torch.equal(start3a[k], saved2[k]) for k in saved2)
     hp3 = read_checkpoint(ckpt3)["hyper_parameters"]
-    assert hp3["trained_lengths"] == [32, 64, 128] and hp3["model_config"]["original_max_len"] == 128
+    assert hp3["trained_lengths"] == [32, 64, 256] and hp3["model_config"]["original_max_len"] == 256
     assert read_checkpoint(ckpt3)["global_step"] == 2  # a fresh schedule, not stage 2's step count
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 
 from anchormass.models.config import ModelConfig
 from anchormass.training.loss import IGNORE_INDEX, chunked_cross_entropy
@@ -40,6 +41,7 @@ class LitLanguageModel(L.LightningModule):
 
         self.model = build_model(cfg)
         self.model_cfg = cfg
+        self._warned_empty = False
 
     # ------------------------------------------------------------------ loss
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -59,6 +61,11 @@ class LitLanguageModel(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.compute_loss(batch)
+        if n_tokens.item() == 0 and not self._warned_empty:
+            # Typical cause: SFT examples longer than seq_len, cut before their answers.
+            self._warned_empty = True
+            rank_zero_warn(f"step {self.global_step}: a training batch has no loss targets (all -100); "
+                           f"are the SFT examples longer than seq_len={self.hparams.seq_len}?")
         multi = self.trainer.world_size > 1
         self.log("train/loss", loss, prog_bar=True, sync_dist=multi)
         self.log("train/target_tokens", n_tokens.float(), reduce_fx="sum", sync_dist=multi)
