@@ -192,17 +192,11 @@ def overview(rate: np.ndarray) -> dict:
 
 def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
     """Layers (rows) x heads (columns), hit rate in [0, 1]."""
-    from anchormass.eval.plots import _save, plt
+    from anchormass.eval.plots import _save, annotated_heatmap, plt
 
     n_layers, n_heads = rate.shape
     fig, ax = plt.subplots(figsize=(0.6 * n_heads + 2.5, 0.4 * n_layers + 1.8))
-    im = ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    if n_layers * n_heads <= 400:
-        for i in range(n_layers):
-            for j in range(n_heads):
-                if not np.isnan(rate[i, j]):
-                    ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if rate[i, j] < 0.5 else "black")
+    im = annotated_heatmap(ax, rate)
     ax.set_xticks(range(n_heads))
     ax.set_yticks(range(n_layers))
     ax.set_xlabel("head")
