@@ -114,3 +114,26 @@ def test_bf16_cache_runs_and_stays_close_to_the_fp32_oracle():
     assert (got.float() - want).abs().max().item() < 0.1
     tok = run_chunks(cache.layers[0], q[:, :, :1].bfloat16(), k[:, :, :1].bfloat16(), v[:, :, :1].bfloat16(), 1)
     assert torch.isfinite(tok.float()).all()
+
+
+def test_nbytes_grows_with_the_store_until_the_budget_then_stays_constant():
+    cfg = TINY.replace(prefill_chunk=64)  # one chunk adds <= 2 blocks = 32 slots
+    budget = 150  # sequence 0 of qkv() stores ~8 slots per block
+    cache = make_cache(cfg, batch_size=1, budget=budget)
+    layer = cache.layers[0]
+    q, k, v = qkv(cfg, 1, 64 * 40, seed=5)
+    sizes, counts, caps = [], [], []
+    for s in range(0, q.shape[2], 64):
+        piece = slice(s, s + 64)
+        layer.attend(q[:, :, piece], k[:, :, piece], v[:, :, piece])
+        counts.append(int(layer.counts.max()))  # before stage 2
+        layer.after_forward()
+        sizes.append(cache.nbytes)
+        caps.append(layer.capacity)
+        assert counts[-1] <= layer.capacity < max(2 * counts[-1], layer.headroom + 1) or layer.capacity == budget + 32
+    reached = next(i for i, c in enumerate(counts) if c >= budget)
+    growing = sizes[:reached]
+    assert growing == sorted(growing) and len(set(growing)) >= 3  # several doublings, never shrinking
+    assert sizes[0] < sizes[-1] and caps[0] == 32 < budget / 4  # starts at one chunk's headroom
+    assert set(sizes[reached:]) == {sizes[-1]} and layer.capacity == budget + 32  # final size: budget + headroom
+    assert len(sizes) - reached >= 10 and layer.stats()["mass"] == float(q.shape[2])

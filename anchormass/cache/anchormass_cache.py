@@ -10,9 +10,12 @@ Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D)
   counts [B]  stored slots per sequence: absent outlier slots (mass 0) are not stored, so
               sequences differ
 One buffer means a decode step attends to one contiguous slice with bias log(mass), with no
-copies and no per-step masks. Buffers are allocated at the first chunk (cap = budget + the
-slots one prefill chunk can add before stage 2 runs) and only grow, by doubling, if a chunk
-brings more than that.
+copies and no per-step masks. The slot region starts at the slots one prefill chunk can add
+(`headroom`) and doubles when the stored slots outgrow it, so `nbytes` follows what is stored
+(within 2x); once a doubling would reach the budget it jumps to its final size budget +
+headroom, which stage 2 keeps the store within, so from then on `nbytes` is constant. Only a
+chunk longer than `cfg.prefill_chunk` can grow it further (again by doubling). A doubling
+copies the buffer once: O(stored) per growth, never a per-token cat.
 
 A chunk's queries see the cache as it stood at the start of the chunk plus the chunk's own
 tokens, its completed blocks as slots and its current block raw (SPEC 2.2): the parallel
@@ -61,14 +64,24 @@ class AnchorMassLayerCache(LayerCache):
         dev = self.device if self.device is not None else like.device
         dt = self.dtype if self.dtype is not None else like.dtype
         hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
-        # A chunk of T tokens plus a tail of < C completes at most T // C + 1 blocks.
-        cap = self.budget + (cfg.prefill_chunk // cfg.block_size + 1) * cfg.slots_per_block
+        # Invariant kept by _ensure_capacity: cap < budget or cap >= full_capacity.
+        cap = self.headroom if self.headroom < self.budget else self.full_capacity
         self.local_k = torch.zeros(b, hl, cfg.window, d, device=dev, dtype=dt)
         self.local_v = torch.zeros_like(self.local_k)
         self.glob_k = torch.zeros(b, hg, self.slot0 + cap, d, device=dev, dtype=dt)
         self.glob_v = torch.zeros_like(self.glob_k)
         self.mass = torch.zeros(b, self.slot0 + cap, device=dev, dtype=torch.float32)
         self.counts = torch.zeros(b, device=dev, dtype=torch.long)
+
+    @property
+    def headroom(self) -> int:
+        """Slots one prefill chunk can add: T tokens plus a tail of < C complete <= T // C + 1 blocks."""
+        return (self.cfg.prefill_chunk // self.cfg.block_size + 1) * self.cfg.slots_per_block
+
+    @property
+    def full_capacity(self) -> int:
+        """Final slot capacity: a store at the budget plus one chunk's new slots, before stage 2 runs."""
+        return self.budget + self.headroom
 
     @property
     def capacity(self) -> int:
@@ -95,8 +108,12 @@ class AnchorMassLayerCache(LayerCache):
         cap = self.capacity
         if needed <= cap:
             return
+        full = self.full_capacity
         while cap < needed:
-            cap *= 2
+            # Below the budget: double. Reaching it: jump straight to the final size, so the
+            # buffers stop changing once the store is at the budget (one step past it only
+            # for chunks longer than prefill_chunk).
+            cap = cap * 2 if cap >= full or cap * 2 < self.budget else full
         extra = cap - self.capacity
         self.glob_k = F.pad(self.glob_k, (0, 0, 0, extra))
         self.glob_v = F.pad(self.glob_v, (0, 0, 0, extra))
