@@ -108,7 +108,8 @@ def test_bad_arguments_are_rejected():
     m = model("anchormass_tiny")
     ids = prompts(m, 1, 4)
     for kwargs, fragment in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
-                             (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"), (dict(chunk_size=0), "chunk")]:
+                             (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"), (dict(chunk_size=0), "chunk"),
+                             (dict(threads=0), "threads")]:
         with pytest.raises(ConfigError, match=fragment):
             generate(m, ids, **{"max_new_tokens": 2, **kwargs})
     assert generate(m, ids, 0).shape == (1, 0)
@@ -129,3 +130,20 @@ def test_new_cache_holds_the_autocast_dtype(name):
         m(ids, cache=cache)
     assert {t.dtype for layer in cache.layers for t in layer.tensors() if t.is_floating_point()} >= {torch.bfloat16}
     assert cache.nbytes < fp32_bytes
+
+
+def test_decode_runs_on_the_requested_cpu_threads_and_restores_them():
+    m = model("anchormass_tiny")
+    ids = prompts(m, 1, 20)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a multi-thread default, as on any multi-core machine
+    try:
+        during = []
+        want = generate(m, ids, 4, callback=lambda step, nxt: during.append(torch.get_num_threads()), threads=None)
+        assert during == [2] * 4 and torch.get_num_threads() == 2
+        during.clear()
+        got = generate(m, ids, 4, callback=lambda step, nxt: during.append(torch.get_num_threads()))
+        assert during == [1] * 4 and torch.get_num_threads() == 2  # default: 1 thread, restored after
+        assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(before)
