@@ -7,6 +7,8 @@ peak memory, and the issue-7 targets as measured ratios with PASS / MISS.
     python scripts/bench.py --preset toy         # seconds: tiny models, short sequences
 
 Writes <out>/bench.md, bench.json and bench.png (default out: outputs/bench/<preset>).
+On a machine shared with other jobs, pass --threads 1: oversubscribed intra-op threads spin and
+inflate wall-clock times several-fold (the tables also give every time ratio on CPU time).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ PNG, and every ratio it reports is the ratio of the numbers it measured. No spee
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,12 @@ def test_out_of_memory_is_a_result_for_that_model_only(monkeypatch):
     rows = {r["key"]: r for r in targets.evaluate(result, targets.issue_targets(**TOY))}
     assert rows["prefill_long"]["status"] == rows["decode_speedup"]["status"] == "n/a"
     assert "OOM" in report.render(result, list(rows.values()))
+
+
+def test_busy_machine_is_flagged(toy_run):
+    result, rows, _ = toy_run
+    cpus = os.cpu_count() or 1
+    busy = dict(result, load_avg_start=[4.0 * cpus, 1, 1], load_avg_end=[4.0 * cpus, 1, 1])
+    idle = dict(result, load_avg_start=[0.0, 0, 0], load_avg_end=[0.1, 0, 0])
+    assert "NOTE: load average" in report.render(busy, rows)
+    assert "NOTE: load average" not in report.render(idle, rows)

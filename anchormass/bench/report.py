@@ -80,6 +80,8 @@ def render(result: dict, target_rows: list[dict]) -> str:
     cfg = result["config"]
     out = [f"# AnchorMass vs Standard benchmark ({cfg['standard']} vs {cfg['anchormass']}, {result['device']}, "
            f"{cfg['dtype']}, torch {result['torch']}, {result['threads']} threads)", ""]
+    busy = _busy_note(result)
+    out += [busy, ""] if busy else []
     out += ["## Targets (ratios measured side by side in this run)", ""]
     out += _table(["target", "bound", "measured", "result", "same ratio on CPU time"],
                   [[t["what"], t["target"], _fmt(t["measured"], ".3f"), t["status"],
@@ -99,6 +101,17 @@ def render(result: dict, target_rows: list[dict]) -> str:
             f"load average (1/5/15 min) {result['load_avg_start']} at start, {result['load_avg_end']} at end "
             f"on {os.cpu_count()} CPUs", ""]
     return "\n".join(out)
+
+
+def _busy_note(result: dict) -> str | None:
+    """A warning when other processes competed for the CPUs: then wall-clock ratios are noisy."""
+    loads = [x[0] for x in (result.get("load_avg_start"), result.get("load_avg_end")) if x]
+    cpus = os.cpu_count() or 1
+    if result["device"] != "cpu" or not loads or max(loads) <= 0.75 * cpus:
+        return None
+    return (f"> NOTE: load average reached {max(loads):.1f} on {cpus} CPUs: other processes competed for the "
+            f"cores, so wall-clock times are inflated and noisy; the CPU-time column shows the same ratios "
+            f"measured on process CPU time (closest to an idle machine with --threads 1).")
 
 
 def _budget(row: dict, result: dict) -> str:
