@@ -59,7 +59,8 @@ def test_sequences_keep_their_own_slot_counts():
     assert slots[0] < slots[1] <= n_blocks * ODD.slots_per_block and slots[0] >= n_blocks * ODD.groups_per_block
 
 
-def test_buffers_are_preallocated_and_grow_only_by_doubling():
+def test_buffers_start_at_final_size_when_one_chunk_exceeds_the_budget_and_grow_only_by_doubling():
+    # headroom (16 slots per 16-token chunk) >= budget 8: the first allocation is budget + headroom.
     cfg = ODD.replace(prefill_chunk=16)
     q, k, v = qkv(cfg, 1, 400, seed=2)
     cache = make_cache(cfg, batch_size=1, budget=8)
