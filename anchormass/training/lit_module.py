@@ -11,11 +11,10 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
 from anchormass.models.config import ModelConfig
-from anchormass.training.loss import IGNORE_INDEX, chunked_cross_entropy
+from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.optim import build_optimizer
 
 DEFAULT_OPTIM = dict(lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, warmup_steps=0, min_lr_ratio=0.1)
@@ -49,15 +48,8 @@ class LitLanguageModel(L.LightningModule):
 
     def compute_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean CE over non-ignored targets, their count) for {"input_ids", "targets"} [b, T]."""
-        ids, targets = batch["input_ids"], batch["targets"]
-        if hasattr(self.model, "forward_hidden"):
-            hidden = self.model.forward_hidden(ids)  # [b, T, D]
-            return chunked_cross_entropy(hidden, self.model.lm_head, targets, self.hparams.loss_chunk)
-        logits = self.model(ids)  # [b, T, V]; only for models without forward_hidden
-        n = (targets != IGNORE_INDEX).sum()
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum") / n.clamp(min=1)
-        return loss, n
+        hidden = self.model.forward_hidden(batch["input_ids"])  # [b, T, D]; logits only per chunk
+        return chunked_cross_entropy(hidden, self.model.lm_head, batch["targets"], self.hparams.loss_chunk)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.compute_loss(batch)
