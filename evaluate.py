@@ -6,10 +6,13 @@
 Writes results.json, report.md and PNG plots into out_dir; bad input exits 2 with one line.
 """
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import check_group_choices, exit_on_error
 from anchormass.eval.runner import run_evaluation
 
 
@@ -25,4 +28,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     main()

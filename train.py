@@ -4,11 +4,12 @@ Thin Hydra entry point; the work happens in anchormass.training.run.train.
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import check_group_choices, exit_on_error
 from anchormass.training.callbacks import TrainingDiverged
 
 
@@ -37,5 +38,6 @@ def check_run_dir(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     check_run_dir(sys.argv[1:])
     main()

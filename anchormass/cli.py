@@ -18,3 +18,29 @@ def exit_on_error(fn):
             sys.exit(2)
 
     return wrapper
+
+
+@exit_on_error
+def check_group_choices(config_dir, argv: list[str]) -> None:
+    """Refuse `group=option` overrides naming a config file that does not exist, in one line.
+
+    Hydra reports these itself, but over several lines and with exit code 1, before any of our
+    code runs; checking argv first keeps every entry point's bad-input contract (one line, exit 2).
+    Sweeps (`model=a,b`) are checked option by option; anything that is not a plain group
+    choice (dotted keys, lists, interpolations) is left to Hydra.
+    """
+    from pathlib import Path
+
+    from anchormass.errors import ConfigError
+
+    root = Path(config_dir)
+    for arg in argv:
+        key, eq, value = arg.lstrip("+").partition("=")
+        if not eq or "." in key or "/" in key or not (root / key).is_dir():
+            continue
+        if any(c in value for c in "[]${}()/") or value.endswith(".yaml") or value in ("", "null"):
+            continue
+        for option in value.split(","):
+            if not (root / key / f"{option}.yaml").is_file():
+                known = ", ".join(sorted(p.stem for p in (root / key).glob("*.yaml")))
+                raise ConfigError(f"unknown {key} '{option}'; choose one of: {known}")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from anchormass.cli import exit_on_error  # noqa: E402
+from anchormass.cli import check_group_choices, exit_on_error  # noqa: E402
 from anchormass.data.prepare import prepare  # noqa: E402
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -43,4 +43,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(CONFIG_DIR, sys.argv[1:])
     main()

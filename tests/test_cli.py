@@ -1,0 +1,34 @@
+"""Entry points refuse unknown config-group choices in one line with exit code 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anchormass.cli import check_group_choices
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def test_known_choices_sweeps_and_non_group_overrides_pass():
+    check_group_choices(CONFIGS, ["model=anchormass_tiny", "model=standard_tiny,anchormass_tiny", "optim.lr=1e-3",
+                                  "suite=[ppl,passkey]", "model=/some/path.yaml", "+stage=warmup_4k", "-m"])
+
+
+def test_unknown_choice_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        check_group_choices(CONFIGS, ["stage=pretrain_1k", "model=standard_tiny,anchormas_tiny"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown model 'anchormas_tiny'") and "\n" not in err
+
+
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "scripts/prepare_data.py"])
+def test_every_entry_point_checks_before_hydra(script):
+    proc = subprocess.run([sys.executable, script, "data=no_such_dataset"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "unknown data 'no_such_dataset'" in proc.stderr
