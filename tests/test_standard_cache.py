@@ -1,5 +1,5 @@
 """StandardCache (full, no policy): chunked attention equals plain causal attention; storage grows
-by doubling; accounting is measured."""
+by doubling during the prefill and by bounded steps while decoding; accounting is measured."""
 
 import pytest
 import torch
@@ -105,4 +105,30 @@ def test_decoding_after_prefill_uses_the_reserve_before_growing():
     feed(layer, q[:, :, 16:20], k[:, :, 16:20], v[:, :, 16:20], [1] * 4)
     assert layer.capacity == 20
     feed(layer, q[:, :, 20:21], k[:, :, 20:21], v[:, :, 20:21], [1])
-    assert layer.capacity == 40
+    assert layer.capacity == 24  # grows by the reserve (20 // 8 is smaller), not by doubling
+
+
+def test_decode_growth_keeps_nbytes_close_to_the_stored_tokens():
+    cfg = load_model_config("standard_tiny")
+    reserve = 4
+    cache = StandardCache(cfg, batch_size=1, decode_reserve=reserve)
+    per_token = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * 4  # K and V, fp32
+
+    def step(n):
+        for layer in cache.layers:
+            x = torch.randn(1, cfg.n_heads, n, cfg.head_dim)
+            layer.attend(x, x, x)
+        cache.advance(n)
+
+    step(100)
+    cache.end_prefill()
+    caps = set()
+    for _ in range(400):
+        step(1)
+        stored = cache.seen_tokens
+        caps.add(cache.layers[0].capacity)
+        # Idle capacity is at most max(reserve, stored / 8) tokens at every step.
+        assert stored * per_token <= cache.nbytes <= (stored + max(reserve, stored // 8)) * per_token
+    growths = sorted(caps)
+    assert len(growths) > 4  # it did grow, in several bounded steps
+    assert all(b - a <= max(reserve, a // 8) for a, b in zip(growths, growths[1:]))

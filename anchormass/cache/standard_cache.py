@@ -1,8 +1,13 @@
 """The Standard model's inference cache: dense per-layer K/V, optionally under a KV policy.
 
 Per layer the cache holds K and V as preallocated [B, H, capacity, D] buffers (post-RoPE keys);
-a chunk is written in place and capacity grows by doubling, so decoding never re-copies the
-whole cache per token. Every head of every sequence holds the same number of tokens (`length`);
+a chunk is written in place, so decoding never re-copies the whole cache per token. Capacity:
+  prefill   grows by doubling (few copies); `end_prefill` then trims it to length + reserve
+  decode    grows by max(decode_reserve, capacity // 8) tokens, so idle capacity stays within
+            max(decode_reserve, length / 8) tokens: `nbytes` (measured, used to match budgets
+            in the equal-KV-bytes comparison) tracks what is stored to ~12.5%, and a growth
+            copies the cache once per ~length / 8 decoded tokens (amortized O(1) per token)
+Every head of every sequence holds the same number of tokens (`length`);
 policies (SPEC 3, `kv_policies/`) choose *which* tokens per head and sequence.
 
 Attention is always computed by SDPA over the stored keys, whatever the policy: policies that
@@ -75,7 +80,8 @@ class StandardLayerCache(LayerCache):
     def _reserve(self, needed: int) -> None:
         if needed <= self.capacity:
             return
-        capacity = max(needed, 2 * self.capacity)
+        step = self.capacity if self.prefilling else max(self.decode_reserve, self.capacity // 8)
+        capacity = max(needed, self.capacity + step)
         if self.policy is not None and self.policy.bounded:
             # Between forwards a bounded cache holds <= budget tokens: budget + this chunk suffices.
             capacity = min(capacity, max(needed, self.policy.budget + 1))
