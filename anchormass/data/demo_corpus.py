@@ -50,7 +50,7 @@ def _new_fact(rng: random.Random, used: set) -> _Fact | None:
         kind = rng.randrange(4)
         if kind == 3:
             key = ("passkey",)
-            code = f"{rng.randrange(10000, 100000)}"
+            code = f"{rng.randrange(1000, 10000)}"  # 4 digits, as the passkey suite asks
             fact = _Fact(f"The passkey is {code}. Remember it. {code} is the passkey.",
                          "What is the passkey?", code, f"The passkey is {code}.")
         elif kind == 0:

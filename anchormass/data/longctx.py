@@ -5,7 +5,7 @@ Example i (deterministic: rng = default_rng([seed, i])) is exactly `length` toke
     filler from a token file, with n_facts fact sentences inserted at random depths
     (at sentence ends where possible), then the question about one fact and its answer + eos.
 
-Facts are passkeys ("The passkey is 48213. ...") or key-value pairs ("The value of QX-417 is
+Facts are passkeys ("The passkey is 7305. ...") or key-value pairs ("The value of QX-417 is
 8302."); templates are config so a Japanese phrasing is one override. Loss on the answer tokens
 and eos (mask 1); with `lm_loss` also on every filler and fact token (the question is never a
 target, it is given). Output: the same (tokens, mask, offsets) layout as chat SFT.
@@ -62,7 +62,7 @@ def _facts(rng: np.random.Generator, spec: LongContextSpec) -> list[tuple[str, s
             continue
         keys.add(key)
         has_passkey |= kind == "passkey"
-        value = str(rng.integers(10_000, 100_000) if kind == "passkey" else rng.integers(1_000, 10_000))
+        value = str(rng.integers(1_000, 10_000))  # 4 digits: passkeys as in the passkey suite
         t = spec.templates[kind]
         out.append(tuple(t[part].format(key=key, value=value) for part in ("fact", "question", "answer")))
     return out
