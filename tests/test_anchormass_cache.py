@@ -91,6 +91,12 @@ def test_nbytes_counts_every_buffer_and_stats_contract():
     hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
     per_layer = 4 * d * 2 * (hl * cfg.window + hg * (cfg.n_sinks + cap + cfg.block_size)) + 4 * (cfg.n_sinks + cfg.block_size + cap) + 8
     assert cache.nbytes == cfg.n_layers * per_layer
+    # glob_k/v also hold the (uncounted) stage of one 90-token piece: a raw stream of < 64 + 90
+    # tokens and its <= 2 blocks' slots; end_prefill drops it, nbytes unchanged.
+    layer = cache.layers[0]
+    assert layer.glob_k.shape[2] == layer.slot0 + cap + 63 + 90 + 2 * 16
+    cache.end_prefill()
+    assert cache.nbytes == cfg.n_layers * per_layer and layer.glob_k.shape[2] == layer.slot0 + cap
     st = cache.stats()
     assert st["tokens"] == 90 and st["mass"] == [90.0, 90.0] and all(8 <= s <= 16 for s in st["slots"])
 
@@ -138,3 +144,30 @@ def test_nbytes_grows_with_the_store_until_the_budget_then_stays_constant():
     assert sizes[0] < sizes[-1] and caps[0] == 32 < budget / 4  # starts at one chunk's headroom
     assert set(sizes[reached:]) == {sizes[-1]} and layer.capacity == budget + 32  # final size: budget + headroom
     assert len(sizes) - reached >= 10 and layer.stats()["mass"] == float(q.shape[2])
+
+
+def test_layers_sharing_chunk_masks_and_a_dropped_stage_still_match_the_reference():
+    # Two layers of one cache share the position-only masks and the bias buffer (repeated piece
+    # sizes: the masks must follow the positions, not only the size); each has its
+    # own keys (so its own slot counts). Mixed piece sizes grow the stage; end_prefill drops it
+    # mid-stream and later multi-token pieces stage again.
+    cfg = ODD
+    data = [qkv(cfg, 2, 170, seed=20 + i) for i in range(cfg.n_layers)]
+    want = [reference_anchormass_attention(q, k, v, cfg) for q, k, v in data]
+    cache = make_cache(cfg, batch_size=2)
+    outs, s = [[] for _ in data], 0
+    for step, n in enumerate([2, 9, 9, 40, 1, 1, 23, 23, 5, 57]):
+        for layer, out, (q, k, v) in zip(cache.layers, outs, data):
+            piece = slice(s, s + n)
+            out.append(layer.attend(q[:, :, piece], k[:, :, piece], v[:, :, piece]))
+        cache.advance(n)
+        s += n
+        if step == 5:
+            cache.end_prefill()
+            for layer in cache.layers:
+                assert layer.glob_k.shape[2] == layer.slot0 + layer.capacity  # no stage rows left
+    assert s == 170
+    for out, ref in zip(outs, want):
+        assert (torch.cat(out, dim=2) - ref).abs().max().item() <= 1e-5
+    counts = [layer.counts.tolist() for layer in cache.layers]
+    assert counts[0] != counts[1] or counts[0][0] != counts[0][1]  # the layers' stores really differ

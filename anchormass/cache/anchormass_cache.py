@@ -19,8 +19,13 @@ copies the buffer once: O(stored) per growth, never a per-token cat.
 
 A chunk's queries see the cache as it stood at the start of the chunk plus the chunk's own
 tokens, its completed blocks as slots and its current block raw (SPEC 2.2): the parallel
-path's attention exactly. Stage 1 is the same `compress_blocks` the parallel path calls.
-Stage 2 runs in `after_forward` (once per model forward, after all layers).
+path's attention exactly. To attend without concatenating keys per chunk, a chunk stages its
+raw stream (old tail + new tokens) and its new slots in the buffer right after the stored
+slots, and attends to one slice glob[:end]; glob_k/v therefore carry, past the slot capacity,
+stage rows for one piece: scratch that `nbytes` leaves out and `end_prefill` drops. The
+position-only parts of the chunk masks are built once per forward and shared by the layers.
+Stage 1 is the same `compress_blocks` the parallel path calls. Stage 2 runs in `after_forward`
+(once per model forward, after all layers).
 """
 
 from __future__ import annotations
@@ -45,11 +50,44 @@ def _neg_inf_where_not(visible: torch.Tensor) -> torch.Tensor:
     return torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, -math.inf)
 
 
+class PrefillScratch:
+    """Chunk-path scratch shared by the layers of one cache (all layers see the same positions).
+
+    Holds the masks of the latest piece (keyed by what they depend on, so a layer never
+    reuses another piece's) and one flat buffer the per-layer [B, T, K] bias is built in:
+    a fresh allocation of that size per layer and piece costs page faults on CPU. Not cache
+    state: nothing in it outlives the piece, and `nbytes` does not count it.
+    """
+
+    def __init__(self):
+        self.masks: dict = {}
+        self.buf: torch.Tensor | None = None
+
+    def get(self, key):
+        return self.masks.get(key)
+
+    def put(self, key, value) -> None:
+        if len(self.masks) > 8:  # keys of earlier pieces are never asked for again
+            self.masks.clear()
+        self.masks[key] = value
+
+    def buffer(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        buf = self.buf
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = self.buf = torch.empty(numel, dtype=dtype, device=device)
+        return buf[:numel]
+
+    def clear(self) -> None:
+        self.masks.clear()
+        self.buf = None
+
+
 class AnchorMassLayerCache(LayerCache):
     def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy, budget: int,
-                 device=None, dtype=None):
+                 device=None, dtype=None, scratch: PrefillScratch | None = None):
         self.cfg, self.batch_size, self.policy, self.budget = cfg, batch_size, policy, budget
         self.device, self.dtype = device, dtype
+        self.scratch = PrefillScratch() if scratch is None else scratch
         self.n_seen = 0  # tokens this layer has attended
         self.slot0 = cfg.n_sinks + cfg.block_size  # first slot index in the global buffer
         self.local_k = self.local_v = None  # [B, Hl, W, D]
@@ -89,12 +127,12 @@ class AnchorMassLayerCache(LayerCache):
         return 0 if self.mass is None else self.mass.shape[1] - self.slot0
 
     @property
-    def slot_k(self) -> torch.Tensor:  # [B, Hg, cap, D] views of the slot region
-        return self.glob_k[:, :, self.slot0:]
+    def slot_k(self) -> torch.Tensor:  # [B, Hg, cap, D] views of the slot region (no stage rows)
+        return self.glob_k[:, :, self.slot0:self.slot0 + self.capacity]
 
     @property
     def slot_v(self) -> torch.Tensor:
-        return self.glob_v[:, :, self.slot0:]
+        return self.glob_v[:, :, self.slot0:self.slot0 + self.capacity]
 
     @property
     def slot_mass(self) -> torch.Tensor:  # [B, cap]
@@ -120,7 +158,12 @@ class AnchorMassLayerCache(LayerCache):
         self.mass = F.pad(self.mass, (0, extra))
 
     def tensors(self):
-        return [self.local_k, self.local_v, self.glob_k, self.glob_v, self.mass, self.counts]
+        if self.mass is None:
+            return []
+        # The stage rows past slot0 + capacity are per-piece scratch (as the keys the chunk
+        # path used to concatenate were), not stored state: nbytes leaves them out.
+        rows = self.slot0 + self.capacity
+        return [self.local_k, self.local_v, self.glob_k[:, :, :rows], self.glob_v[:, :, :rows], self.mass, self.counts]
 
     # ------------------------------------------------------------------ attention
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -164,9 +207,13 @@ class AnchorMassLayerCache(LayerCache):
 
     def _chunk_local(self, q, k, v, pos):
         w, p0 = self.cfg.window, self.n_seen
-        key_pos = torch.cat([self._ring_positions(p0, q.device), pos])  # [W + T]
-        diff = pos[:, None] - key_pos[None, :]  # [T, W + T]
-        visible = (key_pos[None, :] >= 0) & (diff >= 0) & (diff < w)
+        key = ("local", p0, pos.shape[0], q.device)
+        visible = self.scratch.get(key)  # the same in every layer of this forward
+        if visible is None:
+            key_pos = torch.cat([self._ring_positions(p0, q.device), pos])  # [W + T]
+            diff = pos[:, None] - key_pos[None, :]  # [T, W + T]
+            visible = (key_pos[None, :] >= 0) & (diff >= 0) & (diff < w)
+            self.scratch.put(key, visible)
         keys = torch.cat([self.local_k.to(k.dtype), k], dim=2)  # [B, Hl, W + T, D]
         vals = torch.cat([self.local_v.to(v.dtype), v], dim=2)
         out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=visible)
@@ -205,58 +252,99 @@ class AnchorMassLayerCache(LayerCache):
     def _chunk_global(self, q, k, v, pos):
         cfg, p0, t = self.cfg, self.n_seen, q.shape[2]
         s, c = cfg.n_sinks, cfg.block_size
-        dev, dt, b = q.device, q.dtype, q.shape[0]
+        dt, b = q.dtype, q.shape[0]
 
         # Sinks: store this piece's positions < S first, then every query sees sinks <= itself.
         n_new_sink = max(0, min(s - p0, t))
         self.glob_k[:, :, p0:p0 + n_new_sink] = k[:, :, :n_new_sink].to(self.glob_k.dtype)
         self.glob_v[:, :, p0:p0 + n_new_sink] = v[:, :, :n_new_sink].to(self.glob_v.dtype)
         self.mass[:, p0:p0 + n_new_sink] = 1.0
-        n_sink = min(s, p0 + t)
 
-        # Raw stream from the start of the current block: old tail + this piece's non-sink tokens.
+        # Stage, right after the stored slots, the raw stream from the start of the current
+        # block (old tail + this piece's non-sink tokens) and then the slots of the blocks it
+        # completes: the keys are then one contiguous slice of the buffer, no per-chunk cat.
         r0 = (p0 - s) % c if p0 >= s else 0
-        raw_k = torch.cat([self.glob_k[:, :, s:s + r0].to(dt), k[:, :, n_new_sink:]], dim=2)  # [B, Hg, R, D]
-        raw_v = torch.cat([self.glob_v[:, :, s:s + r0].to(dt), v[:, :, n_new_sink:]], dim=2)
-        raw_start = max(p0, s) - r0  # absolute position of raw index 0 (a block start)
-        n_raw = raw_k.shape[2]
+        n_raw = r0 + t - n_new_sink
         n_blocks = n_raw // c  # blocks this piece completes
+        n_new = n_blocks * cfg.slots_per_block
+        self._ensure_stage(t)
+        raw0 = self.slot0 + self.max_count  # [raw0, new0): raw stream, [new0, end): new slots
+        new0, end = raw0 + n_raw, raw0 + n_raw + n_new
+        for buf, x in ((self.glob_k, k), (self.glob_v, v)):
+            buf[:, :, raw0:raw0 + r0] = buf[:, :, s:s + r0]
+            buf[:, :, raw0 + r0:new0] = x[:, :, n_new_sink:]
         if n_blocks:
-            new_k, new_v, new_mass = compress_blocks(raw_k[:, :, :n_blocks * c], raw_v[:, :, :n_blocks * c], cfg)
+            done = slice(raw0, raw0 + n_blocks * c)
+            new_k, new_v, new_mass = compress_blocks(self.glob_k[:, :, done], self.glob_v[:, :, done], cfg)
+            self.glob_k[:, :, new0:end] = new_k
+            self.glob_v[:, :, new0:end] = new_v
         else:
-            new_k, new_v, new_mass = raw_k[:, :, :0], raw_v[:, :, :0], torch.zeros(b, 0, device=dev)
+            new_mass = torch.zeros(b, 0, device=q.device)
 
-        # Visibility. Query block relative to raw_start; -1 while the query is a sink.
-        q_block = torch.where(pos >= s, torch.div(pos - raw_start, c, rounding_mode="floor"), -1)  # [T]
-        raw_pos = raw_start + torch.arange(n_raw, device=dev)  # [R]
-        raw_block = torch.arange(n_raw, device=dev) // c
-        new_block = torch.arange(new_mass.shape[1], device=dev) // cfg.slots_per_block  # [N]
-        sink_vis = torch.arange(n_sink, device=dev)[None, :] <= pos[:, None]  # [T, S']
-        new_vis = new_block[None, :] < q_block[:, None]  # [T, N]: blocks entirely before t's block
-        raw_vis = (raw_block[None, :] == q_block[:, None]) & (raw_pos[None, :] <= pos[:, None])  # [T, R]
-        # Stored slots come from blocks completed before this piece: visible to every query
-        # (none exist while queries are still sinks); padding slots have mass 0.
-        slots = slice(self.slot0, self.slot0 + self.max_count)
-        n_old = slots.stop - slots.start
-        bias = torch.cat([
-            _neg_inf_where_not(sink_vis).expand(b, t, n_sink),
-            self._mass_bias(self.mass[:, slots])[:, None, :].expand(b, t, n_old),
-            self._mass_bias(new_mass.float())[:, None, :] + _neg_inf_where_not(new_vis)[None],
-            _neg_inf_where_not(raw_vis).expand(b, t, n_raw),
-        ], dim=2)  # [B, T, K]
-        keys = torch.cat([self.glob_k[:, :, :n_sink].to(dt), self.glob_k[:, :, slots].to(dt), new_k.to(dt), raw_k], 2)
-        vals = torch.cat([self.glob_v[:, :, :n_sink].to(dt), self.glob_v[:, :, slots].to(dt), new_v.to(dt), raw_v], 2)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, None].to(dt))  # [B, Hg, T, D]
+        bias = self._chunk_bias(b, t, raw0, new0, end, new_mass, dt)  # [B, T, end]
+        keys, vals = self.glob_k[:, :, :end], self.glob_v[:, :, :end]
+        if keys.dtype != dt:
+            keys, vals = keys.to(dt), vals.to(dt)
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, None])  # [B, Hg, T, D]
 
-        if n_blocks:
-            self._append_slots(new_k, new_v, new_mass)
-        rest = n_raw - n_blocks * c  # the new tail
+        # The new tail, copied out of the stage before _append_slots (which may reallocate).
+        rest = n_raw - n_blocks * c
         if n_raw:  # (a piece of sinks only leaves the empty tail as it is)
-            self.glob_k[:, :, s:s + rest] = raw_k[:, :, n_blocks * c:].to(self.glob_k.dtype)
-            self.glob_v[:, :, s:s + rest] = raw_v[:, :, n_blocks * c:].to(self.glob_v.dtype)
+            self.glob_k[:, :, s:s + rest] = self.glob_k[:, :, new0 - rest:new0]
+            self.glob_v[:, :, s:s + rest] = self.glob_v[:, :, new0 - rest:new0]
             self.mass[:, s:s + rest] = 1.0
             self.mass[:, s + rest:self.slot0] = 0.0
+        if n_blocks:
+            self._append_slots(new_k, new_v, new_mass)
         return out
+
+    def _chunk_bias(self, b, t, raw0, new0, end, new_mass, dt) -> torch.Tensor:
+        """[B, T, end] additive bias over the keys glob[:end] of `_chunk_global`.
+
+        Columns: [0, S) sinks (visible up to the query's own position), [S, slot0) the tail
+        region (never: its tokens are staged in the raw stream), [slot0, raw0) the slots stored
+        before this piece (visible to every query: log mass), [raw0, new0) the raw stream
+        (same block, causal), [new0, end) new slots (blocks entirely before the query's, + log mass).
+        """
+        head, raw, new = self._position_masks(t, new0 - raw0, end - new0, dt)
+        bias = self.scratch.buffer(b * t * end, dt, head.device).view(b, t, end)
+        bias[:, :, :self.slot0] = head
+        bias[:, :, self.slot0:raw0] = self._mass_bias(self.mass[:, self.slot0:raw0])[:, None, :]
+        bias[:, :, raw0:new0] = raw
+        bias[:, :, new0:] = new + self._mass_bias(new_mass.float())[:, None, :]
+        return bias
+
+    def _position_masks(self, t, n_raw, n_new, dt):
+        """The position-only parts of `_chunk_bias` ([T, slot0], [T, n_raw], [T, n_new]; 0 / -inf).
+        They depend on the piece's positions only, so the layers of one forward share them."""
+        cfg, p0, dev = self.cfg, self.n_seen, self.mass.device
+        key = ("global", p0, t, n_raw, n_new, dt, dev)
+        masks = self.scratch.get(key)
+        if masks is None:
+            s, c = cfg.n_sinks, cfg.block_size
+            pos = torch.arange(p0, p0 + t, device=dev)  # [T]
+            raw_start = max(p0, s) - ((p0 - s) % c if p0 >= s else 0)  # a block start
+            q_block = torch.where(pos >= s, torch.div(pos - raw_start, c, rounding_mode="floor"), -1)  # [T]
+            head_vis = torch.arange(self.slot0, device=dev)[None, :] <= pos[:, None]  # [T, slot0]
+            head_vis[:, s:] = False
+            raw_i = torch.arange(n_raw, device=dev)
+            raw_vis = ((raw_i // c)[None, :] == q_block[:, None]) & ((raw_start + raw_i)[None, :] <= pos[:, None])
+            new_vis = (torch.arange(n_new, device=dev) // cfg.slots_per_block)[None, :] < q_block[:, None]
+            masks = tuple(_neg_inf_where_not(m).to(dt) for m in (head_vis, raw_vis, new_vis))
+            self.scratch.put(key, masks)
+        return masks
+
+    def _ensure_stage(self, t: int) -> None:
+        """Rows after the slot capacity in glob_k/v for `_chunk_global`'s raw stream and new
+        slots of a t-token piece (bound: a tail of < C plus t tokens, and their blocks' slots).
+        Scratch, not stored state: `tensors()` leaves them out and `end_prefill` drops them."""
+        cfg = self.cfg
+        n_raw = cfg.block_size - 1 + t
+        need = self.slot0 + self.capacity + n_raw + n_raw // cfg.block_size * cfg.slots_per_block
+        extra = need - self.glob_k.shape[2]
+        if extra > 0:
+            self.glob_k = F.pad(self.glob_k, (0, 0, 0, extra))
+            self.glob_v = F.pad(self.glob_v, (0, 0, 0, extra))
 
     def _append_slots(self, new_k, new_v, new_mass) -> None:
         """Store the present slots (mass > 0) after each sequence's own count, in order."""
@@ -287,6 +375,14 @@ class AnchorMassLayerCache(LayerCache):
             self.counts[b] = m
         self.max_count = int(self.counts.max())
 
+    def end_prefill(self) -> None:
+        """Drop the prefill stage rows (see `_ensure_stage`) and the shared chunk scratch."""
+        self.scratch.clear()
+        if self.glob_k is not None and self.glob_k.shape[2] > self.slot0 + self.capacity:
+            rows = self.slot0 + self.capacity
+            self.glob_k = self.glob_k[:, :, :rows].clone()
+            self.glob_v = self.glob_v[:, :, :rows].clone()
+
     def stats(self) -> dict:
         """'slots': stored slots; 'mass': sinks + slots + tail; per sequence when batch > 1."""
         if self.counts is None:
@@ -303,7 +399,15 @@ class AnchorMassCache(KVCache):
 
     def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy, budget: int,
                  device=None, dtype=None):
-        layers = [AnchorMassLayerCache(cfg, batch_size, policy, budget, device, dtype)
+        scratch = PrefillScratch()
+        layers = [AnchorMassLayerCache(cfg, batch_size, policy, budget, device, dtype, scratch)
                   for _ in range(cfg.n_layers)]
         super().__init__(layers, batch_size)
         self.cfg, self.policy, self.budget = cfg, policy, budget
+
+    @property
+    def nbytes(self) -> int:
+        """Measured, as `KVCache.nbytes`, but summed without its id() de-duplication: no tensor
+        is shared between layers here, and `tensors()` returns fresh views (of the buffers
+        without their stage rows), whose ids Python may reuse once a layer's list is dropped."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())
