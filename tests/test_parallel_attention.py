@@ -7,6 +7,7 @@ import torch
 
 from anchormass.models.attention_anchormass import AnchorMassAttention
 from anchormass.models.config import load_model_config
+from anchormass.models.kernels import block_sdpa
 from anchormass.models.kernels.block_sdpa import chunk_bounds
 from anchormass.models.reference import reference_anchormass_attention
 
@@ -60,12 +61,17 @@ def test_ablations_change_the_output():
         assert (base - _parallel(_small(**changes), q, k, v)).abs().max() > 1e-3, changes
 
 
-@pytest.mark.parametrize("recompute_above", [0, 4096])  # 0: every chunk is rebuilt in backward
-def test_gradients_match_reference(recompute_above):
-    cfg = _small()
+@pytest.mark.parametrize("recompute_above,chunk,changes", [
+    (0, 32, {}),  # 0: every chunk is rebuilt in backward
+    (4096, 32, {}),
+    (4096, 16, {"window": 40}),  # the window spans several query chunks' key pieces
+    (0, 16, {"n_sinks": 0}),
+])
+def test_gradients_match_reference(recompute_above, chunk, changes):
+    cfg = _small(**changes)
     q0, k0, v0 = _qkv(2, 4, 90, 32, seed=3)
     grads = []
-    for fn in (lambda q, k, v: _parallel(cfg, q, k, v, 32, recompute_above),
+    for fn in (lambda q, k, v: _parallel(cfg, q, k, v, chunk, recompute_above),
                lambda q, k, v: reference_anchormass_attention(q, k, v, cfg)):
         q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
         w = torch.linspace(-1, 1, 90 * 32).view(90, 32)
@@ -74,6 +80,37 @@ def test_gradients_match_reference(recompute_above):
     for got, want in zip(*grads):
         assert torch.isfinite(got).all()
         assert (got - want).abs().max().item() <= 1e-4
+
+
+def _consumers(out: torch.Tensor, leaf: torch.Tensor) -> int:
+    """How many autograd nodes of out's graph read leaf directly (each gets its own gradient buffer)."""
+    seen, todo, count = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            count += getattr(nxt, "variable", None) is leaf
+            todo.append(nxt)
+    return count
+
+
+@pytest.mark.parametrize("kernel", ["local", "global"])
+def test_backward_reads_each_input_a_fixed_number_of_times(kernel):
+    # Slicing the full-length q/k/v per query chunk makes backward zero-fill a full-size gradient per
+    # chunk (the issue-7 slowdown); the kernels split each input once, whatever the chunk count.
+    cfg = _small()
+    counts = []
+    for chunk in (16, 160):
+        q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 203, 32, seed=7))
+        if kernel == "local":
+            out = block_sdpa.local_attention(q, k, v, cfg.window, chunk=chunk)
+        else:
+            out = block_sdpa.global_attention(q, k, v, cfg, chunk=chunk)
+        assert len(block_sdpa.chunk_bounds(203, cfg.n_sinks, cfg.block_size, chunk)) > 1
+        counts.append([_consumers(out, x) for x in (q, k, v)])
+    assert counts[0] == counts[1]
 
 
 def test_batch_elements_do_not_influence_each_other():
