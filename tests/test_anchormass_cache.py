@@ -171,3 +171,21 @@ def test_layers_sharing_chunk_masks_and_a_dropped_stage_still_match_the_referenc
         assert (torch.cat(out, dim=2) - ref).abs().max().item() <= 1e-5
     counts = [layer.counts.tolist() for layer in cache.layers]
     assert counts[0] != counts[1] or counts[0][0] != counts[0][1]  # the layers' stores really differ
+
+
+def test_prefill_scratch_is_dropped_by_the_first_decode_step_without_end_prefill():
+    """Chunk-path stage rows are working memory `nbytes` leaves out, so they must not survive into
+    decoding even when the caller never calls end_prefill (plain `model(chunk, cache=cache)` use)."""
+    cfg = TINY
+    cache = make_cache(cfg, batch_size=1)
+    layer = cache.layers[0]
+    q, k, v = qkv(cfg, 1, 301, seed=9)
+    layer.attend(q[:, :, :300], k[:, :, :300], v[:, :, :300])
+    held = layer.glob_k.shape[2]
+    stored = layer.slot0 + layer.capacity
+    assert held > stored  # the chunk staged its raw stream and new slots past the capacity
+    layer.attend(q[:, :, 300:], k[:, :, 300:], v[:, :, 300:])  # one decode step
+    assert layer.glob_k.shape[2] == layer.glob_v.shape[2] == stored
+    total = sum(t.numel() * t.element_size() for t in (layer.local_k, layer.local_v, layer.glob_k,
+                                                        layer.glob_v, layer.mass, layer.counts))
+    assert sum(t.numel() * t.element_size() for t in layer.tensors()) == total  # all it holds is counted

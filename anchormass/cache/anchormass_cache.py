@@ -22,7 +22,8 @@ tokens, its completed blocks as slots and its current block raw (SPEC 2.2): the 
 path's attention exactly. To attend without concatenating keys per chunk, a chunk stages its
 raw stream (old tail + new tokens) and its new slots in the buffer right after the stored
 slots, and attends to one slice glob[:end]; glob_k/v therefore carry, past the slot capacity,
-stage rows for one piece: scratch that `nbytes` leaves out and `end_prefill` drops. The
+stage rows for one piece: per-chunk working memory (like the keys it used to concatenate), which
+`nbytes` leaves out and which `end_prefill` (or the first decode step) drops. The
 position-only parts of the chunk masks are built once per forward and shared by the layers.
 Stage 1 is the same `compress_blocks` the parallel path calls. Stage 2 runs in `after_forward`
 (once per model forward, after all layers).
@@ -180,6 +181,7 @@ class AnchorMassLayerCache(LayerCache):
         nl, t = self.cfg.n_local_heads, q.shape[2]
         out = torch.empty_like(q)
         if t == 1:  # decode: write first, then attend to buffer slices
+            self._drop_stage()  # prefill scratch must not outlive the prefill, end_prefill() or not
             if nl:
                 out[:, :nl] = self._decode_local(q[:, :nl], k[:, :nl], v[:, :nl])
             out[:, nl:] = self._decode_global(q[:, nl:], k[:, nl:], v[:, nl:])
@@ -378,6 +380,9 @@ class AnchorMassLayerCache(LayerCache):
     def end_prefill(self) -> None:
         """Drop the prefill stage rows (see `_ensure_stage`) and the shared chunk scratch."""
         self.scratch.clear()
+        self._drop_stage()
+
+    def _drop_stage(self) -> None:
         if self.glob_k is not None and self.glob_k.shape[2] > self.slot0 + self.capacity:
             rows = self.slot0 + self.capacity
             self.glob_k = self.glob_k[:, :, :rows].clone()
@@ -405,9 +410,3 @@ class AnchorMassCache(KVCache):
         super().__init__(layers, batch_size)
         self.cfg, self.policy, self.budget = cfg, policy, budget
 
-    @property
-    def nbytes(self) -> int:
-        """Measured, as `KVCache.nbytes`, but summed without its id() de-duplication: no tensor
-        is shared between layers here, and `tensors()` returns fresh views (of the buffers
-        without their stage rows), whose ids Python may reuse once a layer's list is dropped."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())

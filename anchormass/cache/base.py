@@ -56,14 +56,18 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Measured: the bytes of every tensor the cache holds, buffers included."""
-        seen: set[int] = set()
+        """Measured: the bytes of every tensor the cache holds, buffers included.
+
+        A tensor listed twice (the same memory, shape and dtype) counts once. Identity is the
+        memory address, not id(): layers may hand out fresh views whose ids Python reuses."""
+        seen: set[tuple] = set()
         total = 0
         for layer in self.layers:
             for t in layer.tensors():
-                if t is None or id(t) in seen:
+                key = None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype)
+                if key is None or key in seen:
                     continue
-                seen.add(id(t))
+                seen.add(key)
                 total += t.numel() * t.element_size()
         return total
 
