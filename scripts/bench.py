@@ -105,7 +105,9 @@ def main(argv=None) -> int:
     unknown = sorted(set(skip) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"--skip: unknown section(s) {unknown}; sections are {', '.join(SECTIONS)}")
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
 
     result = suite.Bench(cfg).run(skip=skip)

@@ -157,7 +157,8 @@ def _load_cli():
 @pytest.mark.parametrize("argv", [["--preset", "nope"], ["--preset", "toy", "--skip", "lunch"],
                                   ["--preset", "toy", "--repeats", "0"],
                                   ["--preset", "toy", "--standard", "anchormass_tiny"],
-                                  ["--preset", "toy", "--train-shapes", "4y1K"], ["--prefill-lengths", "-8K"]])
+                                  ["--preset", "toy", "--train-shapes", "4y1K"], ["--prefill-lengths", "-8K"],
+                                  ["--preset", "toy", "--threads", "-1"], ["--preset", "toy", "--dtype", "int8"]])
 def test_cli_rejects_bad_input_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         _load_cli().main(argv)

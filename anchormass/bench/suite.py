@@ -115,8 +115,8 @@ class Bench:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but CUDA is not available")
         dtype = getattr(torch, cfg.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"unknown dtype '{cfg.dtype}'")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"unknown or non-floating dtype '{cfg.dtype}' (use float32 / bfloat16 / float16)")
         unknown = sorted(set(cfg.memory_models) - {"standard", "anchormass"})
         if unknown:
             raise ConfigError(f"bench: memory_models must be 'standard' / 'anchormass', got {unknown}")
