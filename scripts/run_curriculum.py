@@ -74,9 +74,12 @@ def main(argv: list[str]) -> None:
     if "models" in opts:
         cfg.models = opts["models"].split(",")
     root = Path(opts.get("runs_root", "runs"))
+    parallel = str(opts.get("parallel", cfg.get("parallel", 1)))
+    if not parallel.isdigit():
+        raise ConfigError(f"parallel must be a whole number of models, got {parallel!r}")
+    parallel = int(parallel)
     prepare_data(cfg)
     runs = plan(cfg, root, extra)
-    parallel = int(opts.get("parallel", cfg.get("parallel", 1)))
     summary = execute(runs, log=lambda msg: print(msg, flush=True), parallel=parallel)
     reports = evaluate(cfg, runs, root) if opts.get("evaluate", "true").lower() != "false" else []
     wall = time.perf_counter() - t0

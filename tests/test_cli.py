@@ -32,3 +32,11 @@ def test_every_entry_point_checks_before_hydra(script):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown data 'no_such_dataset'" in proc.stderr
+
+
+def test_run_curriculum_refuses_bad_parallel_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/run_curriculum.py", "parallel=two", f"runs_root={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "error: parallel must be a whole number of models, got 'two'"
+    assert not any(tmp_path.iterdir())
