@@ -40,6 +40,7 @@ from anchormass.cache.base import KVCache, LayerCache
 from anchormass.cache.slot_policies import SlotPolicy
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
+from anchormass.models.kernels.layout import slot_log_mass
 
 # Queries per internal piece: bounds the [T, keys] masks of one very long chunk. Splitting a
 # chunk changes nothing: stage 2 only runs between model forwards.
@@ -228,9 +229,7 @@ class AnchorMassLayerCache(LayerCache):
     # global heads (SPEC 2.2)
     def _mass_bias(self, mass: torch.Tensor) -> torch.Tensor:
         """+log(mass) logits; with cfg.mass_bias off only mass 0 (absent) is masked."""
-        if self.cfg.mass_bias:
-            return mass.log()
-        return torch.zeros_like(mass).masked_fill(mass <= 0, -math.inf)
+        return slot_log_mass(mass, self.cfg.mass_bias)
 
     def _decode_global(self, q, k, v):
         """One token: it is a sink or joins the tail; it sees every present entry (mass > 0)."""
