@@ -183,8 +183,7 @@ class SFTDataModule(StepDataModule):
     expected_kind = "sft"
 
     def _samples(self, split: str) -> MaskedExamples:
-        self.data.tokens(split)  # validates the token file
-        _, offsets = self.data.sft_arrays(split)
+        _, offsets = self.data.sft_arrays(split)  # validates the token file too
         too_long = int((np.diff(offsets) > self.seq_len + 1).sum())
         if too_long:  # their tails are cut; a response cut away entirely leaves a row without loss
             log.warning("%s/%s: %d of %d examples are longer than seq_len + 1 = %d tokens and are cut",
