@@ -44,7 +44,6 @@ class SlotPolicy:
 
     name: ClassVar[str] = ""
     protects_recent: ClassVar[bool] = True
-    conserves_mass: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.protect_fraction < 1.0:
@@ -109,8 +108,6 @@ def weighted_mean(v_a: torch.Tensor, v_b: torch.Tensor, w_a: torch.Tensor, w_b: 
 @dataclass
 class EvictionPolicy(SlotPolicy):
     """Drops `need` candidates in one round (mass is lost)."""
-
-    conserves_mass: ClassVar[bool] = False
 
     def round(self, store: Store, n_cand: int, need: int) -> Store:
         keys, values, mass = store
