@@ -91,7 +91,12 @@ def test_bad_input_leaves_nothing_behind(assets, tmp_path):
         run_evaluation(compose_cfg("suite=bogus", "model=anchormass_tiny", *common(assets, out)))
     with pytest.raises(ConfigError, match="nothing to evaluate"):
         run_evaluation(compose_cfg("suite=ppl", *common(assets, out)))
+    with pytest.raises(ConfigError, match="seed must be an integer, got 'abc'"):
+        run_evaluation(compose_cfg("suite=ppl", "model=anchormass_tiny", "seed=abc", *common(assets, out)))
     assert not out.exists() and not list(tmp_path.iterdir())
+    out.write_text("")
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
+        run_evaluation(compose_cfg("suite=ppl", "model=anchormass_tiny", *common(assets, out)))
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path):

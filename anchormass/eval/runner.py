@@ -54,6 +54,8 @@ def _out_dir(cfg: dict, names: list[str]) -> Path:
     else:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / "eval" / f"{stamp}-{'+'.join(names) if len(names) < 3 else 'all'}"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir {out} exists and is not a folder")
     if out.exists() and any(out.iterdir()) and not cfg.get("overwrite", False):
         raise ConfigError(f"out_dir {out} already exists and is not empty (pass overwrite=true)")
     return out
@@ -85,6 +87,10 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     None they are loaded from cfg. Returns the output folder.
     """
     cfg = to_plain(cfg)
+    try:
+        cfg["seed"] = int(cfg.get("seed", 0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"seed must be an integer, got {cfg.get('seed')!r}") from None
     names, is_all = suite_list(cfg)
     eval_cfg = cfg.get("eval") or {}
     device = resolve_device(cfg.get("device"))
@@ -119,7 +125,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
         if name not in data:
             data[name] = {"path": str(path.resolve()), "sha256": sha256_file(path) if path.is_file() else None}
 
-    ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=int(cfg.get("seed", 0)),
+    ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=cfg["seed"],
                       progress=bool(cfg.get("progress", True)), data=data, record_data=record_data,
                       data_dir=_data_dir(cfg, tok_path))
 
