@@ -109,10 +109,15 @@ def main(argv=None) -> int:
         if args.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    out_dir = Path(args.out or Path("outputs") / "bench" / name)
+    try:  # before the run: a bad --out must not cost a whole benchmark and end in a traceback
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out: cannot use '{out_dir}' as the output folder ({err.strerror})") from None
 
     result = suite.Bench(cfg).run(skip=skip)
     target_rows = targets.evaluate(result)
-    paths = report.write_all(result, target_rows, Path(args.out or Path("outputs") / "bench" / name))
+    paths = report.write_all(result, target_rows, out_dir)
     print(report.render(result, target_rows))
     for kind, path in paths.items():
         print(f"{kind}: {path}")

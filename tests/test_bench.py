@@ -158,7 +158,8 @@ def _load_cli():
                                   ["--preset", "toy", "--repeats", "0"],
                                   ["--preset", "toy", "--standard", "anchormass_tiny"],
                                   ["--preset", "toy", "--train-shapes", "4y1K"], ["--prefill-lengths", "-8K"],
-                                  ["--preset", "toy", "--threads", "-1"], ["--preset", "toy", "--dtype", "int8"]])
+                                  ["--preset", "toy", "--threads", "-1"], ["--preset", "toy", "--dtype", "int8"],
+                                  ["--preset", "toy", "--out", __file__]])
 def test_cli_rejects_bad_input_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         _load_cli().main(argv)
