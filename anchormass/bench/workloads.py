@@ -16,17 +16,12 @@ def random_ids(vocab_size: int, batch: int, length: int, seed: int, device) -> t
     return torch.randint(0, vocab_size, (batch, length), generator=gen).to(device)
 
 
-def last_logits(logits: torch.Tensor) -> torch.Tensor:
-    """[B, V] from whatever prefill returned ([B, V] or [B, T, V])."""
-    return logits[:, -1] if logits.dim() == 3 else logits
-
-
 @torch.no_grad()
 def prefill(model, ids: torch.Tensor, policy: str | None, budget: int | None, chunk: int):
     """A fresh session: new cache + chunked prefill. Returns (cache, next token [B, 1])."""
     cache = model.new_cache(batch_size=ids.shape[0], policy=policy, budget=budget)
-    logits = generate.prefill(model, ids, cache, chunk)
-    return cache, last_logits(logits).argmax(-1, keepdim=True)
+    logits = generate.prefill(model, ids, cache, chunk)  # [B, V]: the last position only
+    return cache, logits.argmax(-1, keepdim=True)
 
 
 @torch.no_grad()
