@@ -25,8 +25,14 @@ def test_schedule_warmup_then_cosine_to_floor():
 
 
 def test_schedule_depends_on_total_steps_not_on_stop():
-    # The lr at step 50 of a 1,000-step stage is the same whether the run stops at 60 or at 1,000.
-    assert lr_factor(50, 10, 1000, 0.0) == lr_factor(50, 10, 1000, 0.0)
+    # The lr at step 50 of a 1,000-step stage is the same whether the run stops at 60 or at 1,000:
+    # the optimizer's scheduler follows lr_factor of the configured total, step by step.
+    opt, sched = build_optimizer(torch.nn.Linear(2, 2), lr=1e-3, weight_decay=0.1, warmup_steps=10,
+                                 total_steps=1000, min_lr_ratio=0.0)
+    for step in range(60):
+        assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(step, 10, 1000, 0.0))
+        opt.step()
+        sched.step()
     assert lr_factor(50, 10, 1000, 0.0) > lr_factor(50, 10, 100, 0.0)
 
 
