@@ -147,7 +147,8 @@ def _decode_loop(model, cache, logits, max_new_tokens, temperature, top_k, top_p
         out.append(nxt)
         if callback is not None:
             callback(step, nxt)
-        if step + 1 == max_new_tokens or bool(finished.all()):
+        # Without eos_id nothing finishes: skip the check (a device sync per token on GPU).
+        if step + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
             break
         logits = model(nxt[:, None], cache=cache)[:, -1].float()
     return out
