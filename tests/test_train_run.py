@@ -161,6 +161,10 @@ def test_bad_input_fails_fast_with_one_line(data, tmp_path):
         train(compose_train([f"data_dir={data['pretrain']}", *FAST], blocker / "sub"))
     with pytest.raises(DataError, match="needs 'sft'"):  # chat SFT stage on a pretraining corpus
         train(compose_train(["stage=chat_sft", f"data_dir={data['pretrain']}", *FAST], tmp_path / "o2"))
+    for bad in ("seed=abc", "stage.total_steps=many"):
+        with pytest.raises(ConfigError, match=f"{bad.split('=')[0]} must be a whole number"):
+            train(compose_train([f"data_dir={data['pretrain']}", *FAST, bad], tmp_path / "o3"))
+    assert not (tmp_path / "o3").exists()
 
 
 def test_eval_callbacks_run_the_evaluation_suites_during_training(data, tmp_path):

@@ -186,8 +186,25 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
     return module
 
 
+# Whole-number settings read with int() below; a word there must be a one-line ConfigError.
+INT_SETTINGS = ("seed", "torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
+                "stage.micro_batch_size", "stage.val_every", "stage.val_batches", "stage.loss_chunk")
+
+
+def check_int_settings(cfg: DictConfig) -> None:
+    for key in INT_SETTINGS:
+        value = OmegaConf.select(cfg, key)
+        if value is None:
+            continue
+        try:
+            int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a whole number, got {value!r}") from None
+
+
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
+    check_int_settings(cfg)
     resume = cfg.get("ckpt_path")
     if resume == "last":  # this run's own last.ckpt (resolved here so its hparams are read too)
         resume = str(Path(cfg.output_dir) / "checkpoints" / "last.ckpt")
