@@ -12,7 +12,7 @@ from anchormass.data.dataset_dir import PreparedDataset, fingerprint
 from anchormass.data.prepare import prepare
 from anchormass.data.sources import iter_documents
 from anchormass.data.testing import tiny_pretrain
-from anchormass.errors import DataError
+from anchormass.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -74,6 +74,17 @@ def test_empty_corpus_leaves_nothing(tmp_path):
         prepare({"name": "e", "out_dir": str(tmp_path / "out"), "source": {"paths": [str(tmp_path / "empty.jsonl")]},
                  "tokenizer": {"vocab_size": 300}})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
+
+
+def test_out_dir_that_is_not_a_dataset_is_never_replaced(tmp_path):
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("keep")
+    for out in (tmp_path / "file", tmp_path / "folder"):
+        with pytest.raises(ConfigError, match="not a prepared dataset folder; refusing to replace it"):
+            tiny_pretrain(out)
+    assert (tmp_path / "file").read_text() == (tmp_path / "folder" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
 
 
 def run_cli(*args):

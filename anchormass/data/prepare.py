@@ -179,6 +179,9 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     if not cfg.get("name"):
         raise ConfigError("data config needs a name")
     out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
+    # The folder is replaced wholesale at the end: never a file, nor a folder that is not a dataset.
+    if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):
+        raise ConfigError(f"out_dir {out} exists and is not a prepared dataset folder; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     t0 = time.perf_counter()
