@@ -161,3 +161,11 @@ def test_activation_checkpointing_gives_the_same_gradients():
         assert torch.allclose(a, b, atol=1e-6)
     with pytest.raises(ConfigError, match="activation_checkpointing"):
         load_model_config("anchormass_tiny").replace(activation_checkpointing="yes")
+
+
+@pytest.mark.parametrize("field, value", [("window", "x"), ("n_layers", 2.5), ("slot_budget", None),
+                                          ("outlier_cos", "a"), ("outliers", 1), ("n_layers", True)])
+def test_config_rejects_wrongly_typed_fields_in_one_line(field, value):
+    with pytest.raises(ConfigError, match=f"{field} must be"):
+        load_model_config("anchormass_tiny").replace(**{field: value})
+    assert load_model_config("anchormass_tiny").replace(rope_theta=10_000).rope_theta == 10_000  # int for float

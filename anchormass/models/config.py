@@ -21,6 +21,9 @@ SLOT_POLICIES = ("adaptive", "score_merge", "uniform_merge", "priority", "fifo")
 MERGE_WEIGHTINGS = ("energy", "mass")
 BACKGROUND_KEYS = ("anchor", "mean")
 ATTN_IMPLS = ("auto", "block_sdpa", "flex")
+# Field annotation (a string: postponed annotations) -> (accepted Python types, how to say it).
+_FIELD_TYPES = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false"),
+                "str": (str, "a string")}
 
 
 @dataclass
@@ -76,6 +79,11 @@ class ModelConfig:
             if not ok:
                 raise ConfigError(f"model config '{self.name}': {msg}")
 
+        for f in fields(self):  # types first: `window: x` is then one line, not a TypeError traceback
+            value = getattr(self, f.name)
+            accepted, what = _FIELD_TYPES[f.type]
+            need(isinstance(value, accepted) and (f.type == "bool" or not isinstance(value, bool)),
+                 f"{f.name} must be {what}, got {value!r}")
         need(self.arch in ARCHS, f"arch must be one of {ARCHS}, got {self.arch!r}")
         for f in ("vocab_size", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim",
                   "original_max_len", "prefill_chunk"):
@@ -84,8 +92,6 @@ class ModelConfig:
         need(self.n_heads * self.head_dim == self.d_model,
              f"n_heads * head_dim = {self.n_heads * self.head_dim} must equal d_model = {self.d_model}")
         need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
-        need(isinstance(self.activation_checkpointing, bool),
-             f"activation_checkpointing must be true or false, got {self.activation_checkpointing!r}")
         need(self.attn_impl in ATTN_IMPLS, f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.arch != "anchormass":
             return
