@@ -76,7 +76,7 @@ def test_empty_corpus_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
 
 
-def test_out_dir_that_is_not_a_dataset_is_never_replaced(tmp_path):
+def test_bad_out_dir_or_number_fails_before_anything_is_written(tmp_path):
     (tmp_path / "file").write_text("keep")
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "notes.txt").write_text("keep")
@@ -84,6 +84,11 @@ def test_out_dir_that_is_not_a_dataset_is_never_replaced(tmp_path):
         with pytest.raises(ConfigError, match="not a prepared dataset folder; refusing to replace it"):
             tiny_pretrain(out)
     assert (tmp_path / "file").read_text() == (tmp_path / "folder" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
+    for bad, key in (({"val_fraction": "abc"}, "data.val_fraction"), ({"tokenizer": {"vocab_size": "x"}},
+                                                                      "data.tokenizer.vocab_size")):
+        with pytest.raises(ConfigError, match=f"{key} must be a number"):
+            prepare({"name": "n", "out_dir": str(tmp_path / "n"), "source": {"kind": "demo"}, **bad})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
 
 

@@ -171,6 +171,25 @@ def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
 _KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx}
 
 
+# Numeric settings read with int()/float() while preparing: a word there is a one-line ConfigError.
+_NUMBERS = {"": {"split_seed": int, "val_fraction": float},
+            "tokenizer.": {"vocab_size": int, "character_coverage": float, "max_sentences": int, "seed": int,
+                           "num_threads": int}}
+
+
+def _check_numbers(cfg: Mapping[str, Any]) -> None:
+    for prefix, kinds in _NUMBERS.items():
+        node = cfg if not prefix else (cfg.get("tokenizer") or {})
+        for key, kind in kinds.items():
+            value = node.get(key)
+            if value is None:
+                continue
+            try:
+                kind(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"data.{prefix}{key} must be a number, got {value!r}") from None
+
+
 def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     """Prepare the dataset `cfg` describes into cfg.out_dir (default data/<name>); returns (folder, meta)."""
     kind = cfg.get("kind", "pretrain")
@@ -178,6 +197,7 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
         raise ConfigError(f"data kind must be one of {sorted(_KINDS)}, got {kind!r}")
     if not cfg.get("name"):
         raise ConfigError("data config needs a name")
+    _check_numbers(cfg)
     out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
     # The folder is replaced wholesale at the end: never a file, nor a folder that is not a dataset.
     if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):
