@@ -169,7 +169,7 @@ def plot(result: dict, path: str | Path) -> Path:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] / scale for p in pts], style, label=model)
         ax.set_xscale("log", base=2)
-        ax.set_ylim(bottom=0)  # ratios read honestly: no zoomed-in axis
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)  # from 0, so ratios read honestly; headroom for flat lines
         ax.set_xlabel("context tokens")
         ax.set_title(title)
         ax.grid(alpha=0.3)
