@@ -78,10 +78,14 @@ def main(argv: list[str]) -> None:
     if not parallel.isdigit():
         raise ConfigError(f"parallel must be a whole number of models, got {parallel!r}")
     parallel = int(parallel)
+    do_eval = opts.get("evaluate", "true").lower() != "false"
+    if do_eval and cfg.get("evaluate") and len(cfg.models) < 2:  # refuse now, not after the training
+        raise ConfigError(f"the closing comparison needs two models, got models={','.join(map(str, cfg.models))}; "
+                          f"pass models=a,b or evaluate=false")
     prepare_data(cfg)
     runs = plan(cfg, root, extra)
     summary = execute(runs, log=lambda msg: print(msg, flush=True), parallel=parallel)
-    reports = evaluate(cfg, runs, root) if opts.get("evaluate", "true").lower() != "false" else []
+    reports = evaluate(cfg, runs, root) if do_eval else []
     wall = time.perf_counter() - t0
     write_json(root / str(cfg.name) / "curriculum.json",
                {"curriculum": str(cfg.name), "wall_time_s": round(wall, 1), "stages": summary, "reports": reports})

@@ -40,3 +40,12 @@ def test_run_curriculum_refuses_bad_parallel_before_any_work(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == "error: parallel must be a whole number of models, got 'two'"
     assert not any(tmp_path.iterdir())
+
+
+def test_run_curriculum_refuses_a_comparison_of_one_model_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/run_curriculum.py", "models=standard_tiny",
+                           f"runs_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error: the closing comparison needs two models")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
