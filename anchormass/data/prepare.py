@@ -30,6 +30,7 @@ from anchormass.data.sft import alpaca_records, pack_examples, render_example
 from anchormass.data.sources import iter_documents, iter_records, resolve_path
 from anchormass.data.token_file import TokenWriter, write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
+from anchormass.config_checks import check_numbers
 from anchormass.errors import ConfigError, DataError
 
 _ENCODE_BATCH = 256  # documents per SentencePiece batch call
@@ -172,22 +173,9 @@ _KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepar
 
 
 # Numeric settings read with int()/float() while preparing: a word there is a one-line ConfigError.
-_NUMBERS = {"": {"split_seed": int, "val_fraction": float},
-            "tokenizer.": {"vocab_size": int, "character_coverage": float, "max_sentences": int, "seed": int,
-                           "num_threads": int}}
-
-
-def _check_numbers(cfg: Mapping[str, Any]) -> None:
-    for prefix, kinds in _NUMBERS.items():
-        node = cfg if not prefix else (cfg.get("tokenizer") or {})
-        for key, kind in kinds.items():
-            value = node.get(key)
-            if value is None:
-                continue
-            try:
-                kind(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"data.{prefix}{key} must be a number, got {value!r}") from None
+_NUMBERS = {"split_seed": int, "val_fraction": float, "tokenizer.vocab_size": int,
+            "tokenizer.character_coverage": float, "tokenizer.max_sentences": int, "tokenizer.seed": int,
+            "tokenizer.num_threads": int}
 
 
 def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -197,7 +185,7 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
         raise ConfigError(f"data kind must be one of {sorted(_KINDS)}, got {kind!r}")
     if not cfg.get("name"):
         raise ConfigError("data config needs a name")
-    _check_numbers(cfg)
+    check_numbers(cfg, _NUMBERS, label="data.")
     out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
     # The folder is replaced wholesale at the end: never a file, nor a folder that is not a dataset.
     if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):

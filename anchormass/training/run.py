@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from anchormass.data.atomic import write_json
 from anchormass.data.dataset_dir import fingerprint, read_metadata
+from anchormass.config_checks import check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
@@ -187,24 +188,14 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
 
 
 # Whole-number settings read with int() below; a word there must be a one-line ConfigError.
-INT_SETTINGS = ("seed", "torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
-                "stage.micro_batch_size", "stage.val_every", "stage.val_batches", "stage.loss_chunk")
-
-
-def check_int_settings(cfg: DictConfig) -> None:
-    for key in INT_SETTINGS:
-        value = OmegaConf.select(cfg, key)
-        if value is None:
-            continue
-        try:
-            int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} must be a whole number, got {value!r}") from None
+INT_SETTINGS = dict.fromkeys(("seed", "torch_threads", "stage.seq_len", "stage.total_steps",
+                              "stage.global_batch_size", "stage.micro_batch_size", "stage.val_every",
+                              "stage.val_batches", "stage.loss_chunk"), int)
 
 
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
-    check_int_settings(cfg)
+    check_numbers(cfg, INT_SETTINGS, message="must be a whole number")
     resume = cfg.get("ckpt_path")
     if resume == "last":  # this run's own last.ckpt (resolved here so its hparams are read too)
         resume = str(Path(cfg.output_dir) / "checkpoints" / "last.ckpt")
