@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchormass.cli import exit_on_error  # noqa: E402
-from anchormass.data.atomic import write_json  # noqa: E402
+from anchormass.utils import atomic_write_json  # noqa: E402
 from anchormass.errors import ConfigError, DataError  # noqa: E402
 from anchormass.training.curriculum import REPO_ROOT, StageRun, datasets, execute, load_curriculum, plan  # noqa: E402
 
@@ -87,8 +87,8 @@ def main(argv: list[str]) -> None:
     summary = execute(runs, log=lambda msg: print(msg, flush=True), parallel=parallel)
     reports = evaluate(cfg, runs, root) if do_eval else []
     wall = time.perf_counter() - t0
-    write_json(root / str(cfg.name) / "curriculum.json",
-               {"curriculum": str(cfg.name), "wall_time_s": round(wall, 1), "stages": summary, "reports": reports})
+    atomic_write_json(root / str(cfg.name) / "curriculum.json",
+               {"curriculum": str(cfg.name), "wall_time_s": round(wall, 1), "stages": summary, "reports": reports}, sort_keys=True, indent=2)
     print(f"\n{'model':<20} {'stage':<14} {'step':>6} {'train loss':>11} {'val loss':>9}")
     for row in summary:
         fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"  # noqa: E731

@@ -1,4 +1,3 @@
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

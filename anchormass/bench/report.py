@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from anchormass.bench.targets import cache_rows
-from anchormass.eval.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from anchormass.utils import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 MiB = 2**20
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from anchormass.data.sources import resolve_path
+from anchormass.utils import resolve_path
 from anchormass.data.token_file import open_tokens, read_sidecar
 from anchormass.data.tokenizer import Tokenizer
 from anchormass.errors import DataError

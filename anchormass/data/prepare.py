@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 from tqdm import tqdm
 
-from anchormass.data import atomic
+from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask
 from anchormass.data.dataset_dir import PreparedDataset
 from anchormass.data.longctx import LongContextSpec, build_examples
 from anchormass.data.sft import alpaca_records, pack_examples, render_example
-from anchormass.data.sources import iter_documents, iter_records, resolve_path
+from anchormass.data.sources import iter_documents, iter_records
+from anchormass.utils import resolve_path
 from anchormass.data.token_file import TokenWriter, write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.config_checks import check_numbers
@@ -59,7 +60,7 @@ def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iter
     tcfg = dict(cfg.get("tokenizer") or {})
     if tcfg.get("path"):
         tok = Tokenizer.load(resolve_path(tcfg["path"]))
-        atomic.write_bytes(out / "tokenizer.model", resolve_path(tcfg["path"]).read_bytes())
+        atomic_write_bytes(out / "tokenizer.model", resolve_path(tcfg["path"]).read_bytes())
         return tok
     return train_tokenizer(
         train_texts(), out / "tokenizer.model", int(tcfg.get("vocab_size", 28_000)),
@@ -158,7 +159,7 @@ def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     spec = LongContextSpec(**lcfg)
     source = PreparedDataset(src_dir)
     tok = source.tokenizer
-    atomic.write_bytes(out / "tokenizer.model", (source.root / "tokenizer.model").read_bytes())
+    atomic_write_bytes(out / "tokenizer.model", (source.root / "tokenizer.model").read_bytes())
     desc = f"long-context retrieval over {src_dir} ({spec.n_facts} facts of {list(spec.kinds)}, {spec.length} tokens)"
     splits = {}
     for i, (name, n) in enumerate(counts.items()):
@@ -195,9 +196,9 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     t0 = time.perf_counter()
     try:
         meta = _KINDS[kind](cfg, staging)
-        atomic.write_json(staging / "meta.json", meta)
+        atomic_write_json(staging / "meta.json", meta, sort_keys=True, indent=2)
         PreparedDataset(staging)  # re-open and check everything we wrote
-        os.chmod(staging, 0o777 & ~atomic._umask())  # mkdtemp makes it 0700
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             os.replace(out, old)

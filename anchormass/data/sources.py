@@ -25,16 +25,10 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from anchormass.data.cleaners import clean, get_cleaners
 from anchormass.errors import ConfigError, DataError
+from anchormass.utils import REPO_ROOT, resolve_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _EXT_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _SAMPLE_BY = {"document": "document", "paragraph": "paragraph", "line": "line"}
-
-
-def resolve_path(path: str | os.PathLike) -> Path:
-    """Relative paths in configs are relative to the repo root (Hydra may change the cwd)."""
-    p = Path(os.path.expanduser(str(path)))
-    return p if p.is_absolute() else REPO_ROOT / p
 
 
 def _expand(paths: Iterable[str]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from anchormass.data import atomic
+from anchormass.utils import AtomicFile, atomic_write_json
 from anchormass.errors import DataError
 
 TOKEN_DTYPE = "uint16"
@@ -35,7 +35,7 @@ class TokenWriter:
 
     def __init__(self, path: str | os.PathLike, vocab_size: int, dtype: str = TOKEN_DTYPE):
         self.path, self.vocab_size, self.dtype = Path(path), int(vocab_size), dtype
-        self._file = atomic.AtomicFile(self.path)
+        self._file = AtomicFile(self.path)
         self._fh = open(self._file.tmp, "wb")
         self._digest, self.count = hashlib.sha256(), 0
 
@@ -59,7 +59,7 @@ class TokenWriter:
                 "sha256": self._digest.hexdigest(), "file": self.path.name}
         # Two renames are not one atomic step; prepare_data builds a whole dataset folder in a
         # staging folder and renames that, so a crash never leaves a mixed pair in data/<name>.
-        atomic.write_json(sidecar_path(self.path), side)
+        atomic_write_json(sidecar_path(self.path), side, sort_keys=True, indent=2)
         self._file.commit()
         return side
 

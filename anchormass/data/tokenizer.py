@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
-from anchormass.data import atomic
+from anchormass.utils import atomic_write_bytes
 from anchormass.errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -118,5 +118,5 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
         )
     except RuntimeError as err:  # e.g. "Vocabulary size is too large" for a tiny corpus
         raise DataError(f"tokenizer training failed: {str(err).strip().splitlines()[-1]}") from err
-    atomic.write_bytes(out_path, model.getvalue())
+    atomic_write_bytes(out_path, model.getvalue())
     return Tokenizer(model.getvalue(), str(out_path))

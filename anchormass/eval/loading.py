@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
-from anchormass.eval.io import REPO_ROOT, sha256_file
+from anchormass.utils import REPO_ROOT, sha256_file
 from anchormass.eval.suite import EvalModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

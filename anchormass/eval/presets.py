@@ -6,13 +6,13 @@ other preset first, then the file's own keys on top.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from anchormass.errors import ConfigError
+from anchormass.utils import CONFIG_ROOT
 
-EVAL_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval"
+EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
 
 
 def load_preset(name: str, overrides: dict | None = None) -> dict:

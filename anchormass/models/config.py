@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from anchormass.errors import ConfigError
+from anchormass.utils import CONFIG_ROOT
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
+CONFIG_DIR = CONFIG_ROOT / "model"
 
 ARCHS = ("standard", "anchormass")
 SLOT_POLICIES = ("adaptive", "score_merge", "uniform_merge", "priority", "fifo")

@@ -124,23 +124,32 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
         with inference_autocast(model):
             cache = model.new_cache(batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
             logits = prefill(model, prompt_ids, cache, chunk_size).float()  # [B, V]
-            finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
             with decode_threads(model, threads):
-                out = _decode_loop(model, cache, logits, max_new_tokens, temperature, top_k, top_p,
-                                   eos_id, finished, callback, generator)
+                out = decode(model, cache, logits, max_new_tokens, temperature, top_k, top_p, eos_id,
+                             callback=callback, generator=generator)
     finally:
         model.train(was_training)
-    if not out:
-        return prompt_ids.new_zeros(prompt_ids.shape[0], 0)
-    return torch.stack(out, dim=1)
+    return out
 
 
-def _decode_loop(model, cache, logits, max_new_tokens, temperature, top_k, top_p, eos_id, finished,
-                 callback, generator) -> list[torch.Tensor]:
-    """Sample, stream and feed back one token per step; returns the sampled ids ([B] per step)."""
+@torch.no_grad()
+def decode(model, cache, logits: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+           top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+           callback: Callable[[int, torch.Tensor], None] | None = None,
+           generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
+    """The one decode loop: from the last prompt logits [B, V], sample, stream and feed back one token
+    per step through `cache`; returns the new ids [B, n], n <= max_new_tokens.
+
+    `callback(step, ids [B])` runs after step `step`'s token is chosen and before it is fed, so the
+    cache then holds the prompt plus `step` decoded tokens: the hook for streaming and for per-token
+    measurement (e.g. `cache.nbytes`). `vocab_limit`: only ids below it are candidates (a tokenizer
+    smaller than the model's vocabulary).
+    """
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     out = []
     for step in range(max_new_tokens):
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        nxt = sample_next(logits[:, :vocab_limit], temperature, top_k, top_p, generator)  # [B]
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)
             finished |= nxt == eos_id
@@ -151,4 +160,6 @@ def _decode_loop(model, cache, logits, max_new_tokens, temperature, top_k, top_p
         if step + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
             break
         logits = model(nxt[:, None], cache=cache)[:, -1].float()
-    return out
+    if not out:
+        return logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
+    return torch.stack(out, dim=1)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from anchormass.data.atomic import atomic_path
+from anchormass.utils import atomic_path
 from anchormass.errors import CheckpointError
 
 STATE_PREFIX = "model."

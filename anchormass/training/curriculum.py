@@ -21,10 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from anchormass.errors import ConfigError
 from anchormass.training.run import RESULT_FILE
+from anchormass.utils import CONFIG_ROOT, REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CURRICULUM_DIR = REPO_ROOT / "configs" / "curriculum"
-DATA_CONFIG_DIR = REPO_ROOT / "configs" / "data"
+CURRICULUM_DIR = CONFIG_ROOT / "curriculum"
+DATA_CONFIG_DIR = CONFIG_ROOT / "data"
 
 
 @dataclass

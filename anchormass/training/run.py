@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.data.atomic import write_json
+from anchormass.utils import atomic_write_json
 from anchormass.data.dataset_dir import fingerprint, read_metadata
 from anchormass.config_checks import check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
@@ -220,5 +220,5 @@ def train(cfg: DictConfig) -> dict:
               "global_step": trainer.global_step, "total_steps": int(cfg.stage.total_steps),
               "stage": str(cfg.stage.name), "model": module.model_cfg.name}
     if trainer.is_global_zero:
-        write_json(out / RESULT_FILE, result)  # the curriculum reads this to know a stage is done
+        atomic_write_json(out / RESULT_FILE, result, sort_keys=True, indent=2)  # the curriculum reads this to know a stage is done
     return result

@@ -1,0 +1,121 @@
+"""Small helpers every part of the package shares; this module imports nothing from `anchormass`.
+
+- where the checkout is (`REPO_ROOT`, `CONFIG_ROOT`),
+- atomic file writes: a reader never sees a half-written token file, checkpoint, report or sidecar
+  (temp file in the destination folder, fsync, then `os.replace`, which is atomic on one filesystem),
+- checksums and the code's provenance (git commit with a dirty flag).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_ROOT = REPO_ROOT / "configs"
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    """An absolute path as given; a relative one is taken from the checkout's root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~current_umask()  # mkstemp makes 0600 files; finished outputs get the usual mode
+
+
+class AtomicFile:
+    """A temp file beside `path`: `commit()` fsyncs and renames it to `path`, `discard()` deletes it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+
+    def commit(self) -> None:
+        with open(self.tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(self.tmp, _FILE_MODE)
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success it becomes `path`, on error it is deleted."""
+    f = AtomicFile(path)
+    try:
+        yield f.tmp
+        f.commit()
+    finally:
+        f.discard()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def jsonable(obj: Any) -> Any:
+    """NaN/inf are not JSON: store them as strings; numpy / torch scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, sort_keys: bool = False, indent: int = 1) -> Path:
+    """JSON via `jsonable`; `sort_keys=True, indent=2` gives byte-identical files for equal content."""
+    text = json.dumps(jsonable(obj), ensure_ascii=False, indent=indent, sort_keys=sort_keys)
+    return atomic_write_text(path, text + "\n")
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def git_commit() -> str | None:
+    """The commit of the code that produced a result (+'-dirty' when the tree has changes)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not sha:
+        return None
+    return sha + ("-dirty" if dirty else "")
