@@ -6,6 +6,7 @@ Both models, random init. The budget is large enough that stage 2 never fires.
 import pytest
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.models import build_model
 
 TOL = 1e-4
@@ -22,7 +23,7 @@ def model(name):
 def incremental_logits(m, ids, chunk, prompt_len):
     """Prefill ids[:, :prompt_len] in chunks of `chunk`, then decode the rest one token at a time."""
     budget = 4096 if m.cfg.arch == "anchormass" else None  # Standard: policy None = full cache
-    cache = m.new_cache(batch_size=ids.shape[0], budget=budget)
+    cache = new_cache(m, batch_size=ids.shape[0], budget=budget)
     out = [m(ids[:, s:min(s + chunk, prompt_len)], cache=cache) for s in range(0, prompt_len, chunk)]
     out += [m(ids[:, t:t + 1], cache=cache) for t in range(prompt_len, ids.shape[1])]
     assert cache.seen_tokens == ids.shape[1]

@@ -2,12 +2,14 @@
 
 import pytest
 import torch
-
-from anchormass.errors import ConfigError
-from anchormass.models import build_model, load_model_config
-from anchormass.models.generate import generate, prefill, sample_next
-from anchormass.models.rope import ntk_base
 from test_equivalence import model  # the shared random-init tiny models
+
+from anchormass.cache import new_cache
+from anchormass.errors import ConfigError
+from anchormass.inference.generate import generate, prefill, sample_next
+from anchormass.models import build_model, load_model_config
+from anchormass.models.rope import ntk_base
+
 
 def prompts(m, batch, length, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -35,7 +37,7 @@ def test_greedy_with_cache_equals_repeated_parallel_forward(name):
 def test_prefill_fixes_the_ntk_base_from_the_whole_prompt():
     m = build_model(load_model_config("anchormass_tiny").replace(original_max_len=32)).eval()
     ids = prompts(m, 1, 70)
-    cache = m.new_cache()
+    cache = new_cache(m)
     last = prefill(m, ids, cache, chunk_size=16)
     assert cache.rope_base == ntk_base(m.cfg.rope_theta, 70, 32, m.cfg.head_dim) > m.cfg.rope_theta
     with torch.no_grad():
@@ -48,7 +50,7 @@ def test_prefill_fixes_the_ntk_base_from_the_whole_prompt():
 def test_every_policy_generates_within_budget(policy):
     m = model("anchormass_tiny")
     ids = prompts(m, 2, 300, seed=3)
-    cache = m.new_cache(batch_size=2, policy=policy, budget=16)
+    cache = new_cache(m, batch_size=2, policy=policy, budget=16)
     prefill(m, ids, cache, chunk_size=100)
     st = cache.stats()
     assert all(s <= 16 for per_layer in st["slots"] for s in per_layer)
@@ -121,12 +123,12 @@ def test_new_cache_holds_the_autocast_dtype(name):
     `nbytes` doubles and every step casts; outside autocast it follows the parameters."""
     m = model(name)
     ids = prompts(m, 1, 70)
-    cache = m.new_cache()
+    cache = new_cache(m)
     with torch.no_grad():
         m(ids, cache=cache)
     fp32_bytes = cache.nbytes
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-        cache = m.new_cache()
+        cache = new_cache(m)
         m(ids, cache=cache)
     assert {t.dtype for layer in cache.layers for t in layer.tensors() if t.is_floating_point()} >= {torch.bfloat16}
     assert cache.nbytes < fp32_bytes

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import H2O, POLICIES, SnapKV, StreamingLLM, get_policy
 from anchormass.cache.standard_cache import StandardLayerCache
 from anchormass.errors import ConfigError
@@ -241,7 +242,7 @@ def test_policies_through_the_standard_tiny_model():
     ids = torch.randint(0, model.cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
 
     def session(policy, budget):
-        cache = model.new_cache(batch_size=2, policy=policy, budget=budget)
+        cache = new_cache(model, batch_size=2, policy=policy, budget=budget)
         with torch.no_grad():
             logits = [model(ids[:, :20], cache=cache), model(ids[:, 20:32], cache=cache)]
             cache.end_prefill()

@@ -1,5 +1,5 @@
 """The measured sessions, written against the SPEC 7 contract only (`model(ids)`,
-`model.new_cache`, `model(chunk, cache=cache)`, `generate.prefill`, `cache.nbytes`,
+`anchormass.cache.new_cache`, `model(chunk, cache=cache)`, `generate.prefill`, `cache.nbytes`,
 `cache.stats()`), so they run unchanged on both architectures."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from anchormass.models import generate
+from anchormass.cache import new_cache
+from anchormass.inference import generate  # the module
 
 
 def random_ids(vocab_size: int, batch: int, length: int, seed: int, device) -> torch.Tensor:
@@ -19,7 +20,7 @@ def random_ids(vocab_size: int, batch: int, length: int, seed: int, device) -> t
 @torch.no_grad()
 def prefill(model, ids: torch.Tensor, policy: str | None, budget: int | None, chunk: int):
     """A fresh session: new cache + chunked prefill. Returns (cache, next token [B, 1])."""
-    cache = model.new_cache(batch_size=ids.shape[0], policy=policy, budget=budget)
+    cache = new_cache(model, batch_size=ids.shape[0], policy=policy, budget=budget)
     logits = generate.prefill(model, ids, cache, chunk)  # [B, V]: the last position only
     return cache, logits.argmax(-1, keepdim=True)
 

@@ -1,12 +1,27 @@
-"""Inference caches: `make_cache` picks the cache of the model's architecture.
+"""Inference caches: `new_cache(model, ...)` / `make_cache(cfg, ...)` pick the cache of the model's architecture.
 
-Imports happen inside `make_cache` so that `anchormass.models` (which calls it from
-`new_cache`) and the caches (which use `anchormass.models.compression`) can import each other.
+Dependencies point one way: the caches use `anchormass.models` (config, stage-1 compression);
+the model only consumes a cache it is given and never imports this package.
 """
 
 from __future__ import annotations
 
+import torch
+
 from anchormass.errors import ConfigError
+
+
+def new_cache(model, batch_size: int = 1, policy=None, budget=None, dtype: torch.dtype | None = None):
+    """A fresh session cache for `model`, on the model's device.
+
+    dtype: the autocast dtype when autocast is on for the device (bf16 on GPU, so the cache
+    holds what attention computes with), else the parameters' dtype, unless given.
+    """
+    p = next(model.parameters())
+    if dtype is None:
+        autocast_on = torch.is_autocast_enabled(p.device.type)
+        dtype = torch.get_autocast_dtype(p.device.type) if autocast_on else p.dtype
+    return make_cache(model.cfg, batch_size=batch_size, policy=policy, budget=budget, device=p.device, dtype=dtype)
 
 
 def make_cache(cfg, batch_size: int = 1, policy=None, budget=None, device=None, dtype=None):
@@ -32,4 +47,4 @@ def make_cache(cfg, batch_size: int = 1, policy=None, budget=None, device=None, 
     return AnchorMassCache(cfg, batch_size, make_slot_policy(policy, cfg), budget, device=device, dtype=dtype)
 
 
-__all__ = ["make_cache"]
+__all__ = ["make_cache", "new_cache"]

@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import POLICIES
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import gather_logprobs, progress
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.models import generate
+from anchormass.inference import generate  # the module
 from anchormass.models.rope import ntk_base
 
 MIB = 1024 ** 2
@@ -43,7 +44,7 @@ MIB = 1024 ** 2
 def new_session(model, batch_size: int, total_len: int, policy=None, budget=None):
     """A cache whose RoPE base is fixed from `total_len` (the prompt, or the whole scored input)."""
     cfg = model.cfg
-    cache = model.new_cache(batch_size=batch_size, policy=policy, budget=budget)
+    cache = new_cache(model, batch_size=batch_size, policy=policy, budget=budget)
     cache.rope_base = ntk_base(cfg.rope_theta, total_len, cfg.original_max_len, cfg.head_dim)
     return cache
 

@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import SnapKV, attention_probs
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
@@ -67,7 +68,7 @@ class HitRateProbe(SnapKV):
 
 def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch of prompts [B, P]: (hits, important), each [layers, heads] summed over the batch."""
-    cache = model.new_cache(batch_size=ids.shape[0], policy=probe)
+    cache = new_cache(model, batch_size=ids.shape[0], policy=probe)
     logits = prefill(model, ids, cache, chunk)
     greedy(model, cache, logits, new_tokens)
     if "hit_hits" not in cache.layers[0].state:

@@ -20,7 +20,7 @@ from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
 from anchormass.eval.haystack import PHRASINGS, Haystack, Trial, make_trial
 from anchormass.eval.stats import mcnemar_exact
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.models.generate import generate
+from anchormass.inference.generate import generate
 
 DEFAULT_DEPTHS = [0.1, 0.3, 0.5, 0.7, 0.9]
 

@@ -21,9 +21,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import plots, tables
-from anchormass.eval.common import OOM, fmt_p, free_memory, gather_logprobs, is_oom, progress, target_logprobs
+from anchormass.eval.common import (
+    OOM,
+    fmt_p,
+    free_memory,
+    gather_logprobs,
+    is_oom,
+    progress,
+    target_logprobs,
+)
 from anchormass.eval.stats import paired_nll_by_length
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.models.rope import ntk_base
@@ -45,7 +54,7 @@ def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, pol
     whole input length, as a prefill of that prompt would set it)."""
     B, P = ids.shape
     cfg = model.cfg
-    cache = model.new_cache(batch_size=B, policy=policy, budget=budget)
+    cache = new_cache(model, batch_size=B, policy=policy, budget=budget)
     cache.rope_base = ntk_base(cfg.rope_theta, P, cfg.original_max_len, cfg.head_dim)
     out = []
     for s in range(0, P, chunk):

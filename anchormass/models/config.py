@@ -60,7 +60,7 @@ class ModelConfig:
     background_key: str = "anchor"  # "anchor" (last background token) | "mean" (mean key)
     mass_bias: bool = True  # False: no +log(mass) on global logits (mass-0 slots stay masked)
 
-    # Stage 2 defaults used by model.new_cache() when no policy/budget is given.
+    # Stage 2 defaults used by new_cache(model) when no policy/budget is given.
     slot_policy: str = "adaptive"
     merge_weighting: str = "energy"  # "energy" | "mass"
     protect_fraction: float = 0.25  # most recent budget*fraction slots are never candidates

@@ -104,19 +104,3 @@ class LanguageModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
         """LongTensor [B, T] -> logits [B, T, vocab]. With `cache`, the chunk is appended to it."""
         return self.lm_head(self.forward_hidden(input_ids, cache))
-
-    # ---------------------------------------------------------------- inference
-    def new_cache(self, batch_size: int = 1, policy=None, budget=None, dtype: torch.dtype | None = None):
-        """A fresh session cache on this model's device.
-
-        dtype: the autocast dtype when autocast is on for the device (bf16 on GPU, so the cache
-        holds what attention computes with), else the parameters' dtype, unless given.
-        """
-        from anchormass.cache import make_cache
-
-        p = next(self.parameters())
-        if dtype is None:
-            autocast_on = torch.is_autocast_enabled(p.device.type)
-            dtype = torch.get_autocast_dtype(p.device.type) if autocast_on else p.dtype
-        return make_cache(self.cfg, batch_size=batch_size, policy=policy, budget=budget,
-                          device=p.device, dtype=dtype)

@@ -1,7 +1,7 @@
 """Inference engine: chunked prefill through a session cache, then a greedy / sampling decode loop.
 
 Works with both models and every cache policy: it only uses `model(ids, cache=cache)`,
-`model.forward_hidden`, `model.lm_head` and `model.new_cache` (SPEC 7).
+`model.forward_hidden`, `model.lm_head` and `anchormass.cache.new_cache` (SPEC 7).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.errors import ConfigError, DataError
 from anchormass.models.rope import ntk_base
 
@@ -112,7 +113,7 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
 
     A sequence that emitted `eos_id` is finished: its later positions are padded with `eos_id`,
     and decoding stops when every sequence is finished. `callback(step, ids [B])` sees each
-    step's tokens as they come (streaming). `policy` / `budget` go to `model.new_cache`.
+    step's tokens as they come (streaming). `policy` / `budget` go to `anchormass.cache.new_cache`.
     `threads`: intra-op threads for the decode loop on CPU (see `decode_threads`; None: torch's).
     """
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
@@ -122,7 +123,7 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     model.eval()
     try:
         with inference_autocast(model):
-            cache = model.new_cache(batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
+            cache = new_cache(model, batch_size=prompt_ids.shape[0], policy=policy, budget=budget)
             logits = prefill(model, prompt_ids, cache, chunk_size).float()  # [B, V]
             with decode_threads(model, threads):
                 out = decode(model, cache, logits, max_new_tokens, temperature, top_k, top_p, eos_id,
