@@ -177,8 +177,9 @@ class StandardLayerCache(LayerCache):
         yield from self.aux.values()
         yield from self.state.values()
 
-    def stats(self) -> dict[str, int]:
-        return {"slots": self.length, "mass": self.length}
+    def stats(self) -> dict[str, list[int]]:
+        """Per sequence (every sequence keeps the same number of tokens): 'slots', 'mass'."""
+        return {"slots": [self.length] * self.batch_size, "mass": [self.length] * self.batch_size}
 
 
 class StandardCache(KVCache):
