@@ -1,75 +1,91 @@
 """Model configuration: one dataclass for both architectures, validated on construction.
 
-Named presets live as YAML in `configs/model/<name>.yaml` (also Hydra's `model` group), so
-`load_model_config("anchormass_tiny")` and `python train.py model=anchormass_tiny` read the
-same file.
+The values live in YAML, `configs/model/` (also Hydra's `model` group): `base.yaml` states every
+field once (the 158M AnchorMass model of docs/method.md §1), and each preset lists only what
+differs from the configs it names in its `defaults` list. `load_model_config("anchormass_tiny")`
+and `python train.py model=anchormass_tiny` read the same files and give the same config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
 CONFIG_DIR = CONFIG_ROOT / "model"
+BASE_PRESET = "base"
 
-ARCHS = ("standard", "anchormass")
-SLOT_POLICIES = ("adaptive", "score_merge", "uniform_merge", "priority", "fifo")
-MERGE_WEIGHTINGS = ("energy", "mass")
-BACKGROUND_KEYS = ("anchor", "mean")
-ATTN_IMPLS = ("auto", "block_sdpa", "flex")
-# Field annotation (a string: postponed annotations) -> (accepted Python types, how to say it).
-_FIELD_TYPES = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false"),
-                "str": (str, "a string")}
+# The enumerated fields: the one list of accepted names (the cache's policy registry checks
+# itself against SlotPolicyName).
+Arch = Literal["standard", "anchormass"]
+SlotPolicyName = Literal["adaptive", "score_merge", "uniform_merge", "priority", "fifo"]
+MergeWeighting = Literal["energy", "mass"]
+BackgroundKey = Literal["anchor", "mean"]
+AttnImpl = Literal["auto", "block_sdpa", "flex"]
+ARCHS, SLOT_POLICIES = typing.get_args(Arch), typing.get_args(SlotPolicyName)
+MERGE_WEIGHTINGS, BACKGROUND_KEYS, ATTN_IMPLS = (typing.get_args(t) for t in (MergeWeighting, BackgroundKey, AttnImpl))
+# Plain field types -> (accepted Python types, how to say it).
+_PLAIN_TYPES = {int: (int, "an integer"), float: ((int, float), "a number"), bool: (bool, "true or false"),
+                str: (str, "a string")}
+
+
+def check_protect_fraction(value: float) -> None:
+    """Stage 2 protects the most recent budget * fraction slots; the fraction must leave candidates."""
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"protect_fraction must be in [0, 1), got {value}")
 
 
 @dataclass
 class ModelConfig:
-    name: str = "custom"
-    arch: str = "anchormass"  # "standard" | "anchormass"
-    vocab_size: int = 28_000
-    n_layers: int = 14
-    d_model: int = 768
-    n_heads: int = 12
-    head_dim: int = 64
-    ffn_dim: int = 2_560
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    """Every field is required here; the values come from configs/model/ (base.yaml + a preset)."""
 
-    # RoPE with dynamic NTK scaling (SPEC 1). original_max_len = longest trained length.
-    rope_theta: float = 10_000.0
-    original_max_len: int = 1_024
+    name: str
+    arch: Arch
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    head_dim: int
+    ffn_dim: int
+    norm_eps: float
+    init_std: float
 
-    # AnchorMass attention (SPEC 2); ignored by arch="standard".
-    n_local_heads: int = 6  # heads [0, n_local) are local, the rest global
-    n_global_heads: int = 6
-    window: int = 64  # local sliding window (tokens, query included)
-    block_size: int = 64  # C: global compression block
-    group_size: int = 8  # G: tokens per stage-1 group
-    n_sinks: int = 16  # S: raw sink tokens kept forever
-    slot_budget: int = 8_192  # M_max: default stage-2 budget (slots)
-    outlier_cos: float = 0.85
-    outlier_rel_norm: float = 2.0
+    # RoPE with dynamic NTK scaling (docs/method.md §1). original_max_len = longest trained length.
+    rope_theta: float
+    original_max_len: int
 
-    # Ablations (SPEC 6, "ablations"): each a config override.
-    outliers: bool = True  # False: never emit an outlier slot
-    background_key: str = "anchor"  # "anchor" (last background token) | "mean" (mean key)
-    mass_bias: bool = True  # False: no +log(mass) on global logits (mass-0 slots stay masked)
+    # AnchorMass attention (docs/method.md §2); ignored by arch="standard".
+    n_local_heads: int  # heads [0, n_local) are local, the rest global
+    n_global_heads: int
+    window: int  # local sliding window (tokens, query included)
+    block_size: int  # C: global compression block
+    group_size: int  # G: tokens per stage-1 group
+    n_sinks: int  # S: raw sink tokens kept forever
+    slot_budget: int  # M_max: default stage-2 budget (slots)
+    outlier_cos: float
+    outlier_rel_norm: float
 
-    # Stage 2 defaults used by new_cache(model) when no policy/budget is given.
-    slot_policy: str = "adaptive"
-    merge_weighting: str = "energy"  # "energy" | "mass"
-    protect_fraction: float = 0.25  # most recent budget*fraction slots are never candidates
+    # Ablations (docs/method.md §6, "ablations"): each a config override.
+    outliers: bool  # False: never emit an outlier slot
+    background_key: BackgroundKey  # "anchor" (last background token) | "mean" (mean key)
+    mass_bias: bool  # False: no +log(mass) on global logits (mass-0 slots stay masked)
+
+    # Stage 2 defaults used by anchormass.cache.new_cache when no policy/budget is given.
+    slot_policy: SlotPolicyName
+    merge_weighting: MergeWeighting
+    protect_fraction: float  # most recent budget*fraction slots are never candidates
 
     # Kernels and inference.
-    attn_impl: str = "auto"  # "auto" (flex on CUDA, block_sdpa elsewhere) | "block_sdpa" | "flex"
-    prefill_chunk: int = 1_024
+    attn_impl: AttnImpl  # "auto" (flex on CUDA, block_sdpa elsewhere) | "block_sdpa" | "flex"
+    prefill_chunk: int
     # Training memory: recompute each block's activations in backward (parallel path only).
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,12 +96,14 @@ class ModelConfig:
             if not ok:
                 raise ConfigError(f"model config '{self.name}': {msg}")
 
-        for f in fields(self):  # types first: `window: x` is then one line, not a TypeError traceback
-            value = getattr(self, f.name)
-            accepted, what = _FIELD_TYPES[f.type]
-            need(isinstance(value, accepted) and (f.type == "bool" or not isinstance(value, bool)),
-                 f"{f.name} must be {what}, got {value!r}")
-        need(self.arch in ARCHS, f"arch must be one of {ARCHS}, got {self.arch!r}")
+        for name, kind in _field_types().items():  # types first: `window: x` is one line, not a traceback
+            value = getattr(self, name)
+            if typing.get_origin(kind) is Literal:
+                need(value in typing.get_args(kind), f"{name} must be one of {typing.get_args(kind)}, got {value!r}")
+                continue
+            accepted, what = _PLAIN_TYPES[kind]
+            need(isinstance(value, accepted) and (kind is bool or not isinstance(value, bool)),
+                 f"{name} must be {what}, got {value!r}")
         for f in ("vocab_size", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim",
                   "original_max_len", "prefill_chunk"):
             need(int(getattr(self, f)) > 0, f"{f} must be positive, got {getattr(self, f)}")
@@ -93,7 +111,6 @@ class ModelConfig:
         need(self.n_heads * self.head_dim == self.d_model,
              f"n_heads * head_dim = {self.n_heads * self.head_dim} must equal d_model = {self.d_model}")
         need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
-        need(self.attn_impl in ATTN_IMPLS, f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.arch != "anchormass":
             return
         need(self.n_local_heads >= 0 and self.n_global_heads >= 1,
@@ -107,12 +124,10 @@ class ModelConfig:
              f"block_size ({self.block_size}) must be a multiple of group_size ({self.group_size})")
         need(self.n_sinks >= 0, f"n_sinks must be >= 0, got {self.n_sinks}")
         need(self.slot_budget >= 4, f"slot_budget must be >= 4, got {self.slot_budget}")
-        need(0.0 <= self.protect_fraction < 1.0, f"protect_fraction must be in [0, 1), got {self.protect_fraction}")
-        need(self.slot_policy in SLOT_POLICIES, f"slot_policy must be one of {SLOT_POLICIES}, got {self.slot_policy!r}")
-        need(self.merge_weighting in MERGE_WEIGHTINGS,
-             f"merge_weighting must be one of {MERGE_WEIGHTINGS}, got {self.merge_weighting!r}")
-        need(self.background_key in BACKGROUND_KEYS,
-             f"background_key must be one of {BACKGROUND_KEYS}, got {self.background_key!r}")
+        try:
+            check_protect_fraction(self.protect_fraction)
+        except ConfigError as err:
+            need(False, str(err))
 
     # ------------------------------------------------------------- derived
     @property
@@ -136,38 +151,71 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"model config: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        missing = [f.name for f in fields(cls) if f.name not in data]
+        if missing:
+            raise ConfigError(f"model config: missing field(s) {missing} (a preset gets them from "
+                              f"configs/model/{BASE_PRESET}.yaml)")
         return cls(**data)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return self.from_dict({**self.to_dict(), **changes})
 
 
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Field name -> resolved annotation (a Python type or a Literal)."""
+    return typing.get_type_hints(ModelConfig)
+
+
 def available_presets() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-def load_model_config(spec: "str | Path | Mapping[str, Any] | ModelConfig") -> ModelConfig:
-    """A preset name (`configs/model/<name>.yaml`), a YAML path, a mapping or a ModelConfig."""
-    if isinstance(spec, ModelConfig):
-        return spec
-    if isinstance(spec, Mapping):
-        return ModelConfig.from_dict(spec)
-    try:  # DictConfig from Hydra
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(spec, DictConfig):
-            return ModelConfig.from_dict(OmegaConf.to_container(spec, resolve=True))
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra-core
-        pass
+def _preset_path(spec: "str | Path") -> Path:
     path = Path(spec)
     if path.suffix not in (".yaml", ".yml"):
         path = CONFIG_DIR / f"{spec}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown model '{spec}': no {path}; presets: {', '.join(available_presets())}")
+    return path
+
+
+def read_preset(spec: "str | Path", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The fields of a preset YAML with its Hydra `defaults` list applied: each named preset (same
+    folder) in order, then the file's own fields (`_self_`, last unless placed otherwise)."""
     import yaml
 
+    path = _preset_path(spec)
+    if path in _seen:
+        raise ConfigError(f"model config {path}: its defaults list includes itself")
     with open(path, encoding="utf-8") as fh:
         data = yaml.safe_load(fh) or {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"model config {path} must be a mapping")
-    return ModelConfig.from_dict(data)
+    data = dict(data)
+    defaults = data.pop("defaults", [])
+    if "_self_" not in defaults:
+        defaults = [*defaults, "_self_"]
+    merged: dict[str, Any] = {}
+    for entry in defaults:
+        if entry == "_self_":
+            merged.update(data)
+        elif isinstance(entry, str):
+            merged.update(read_preset(path.parent / f"{entry}.yaml", (*_seen, path)))
+        else:
+            raise ConfigError(f"model config {path}: defaults entries must be preset names, got {entry!r}")
+    return merged
+
+
+def load_model_config(spec: "str | Path | Mapping[str, Any] | ModelConfig") -> ModelConfig:
+    """A preset name (`configs/model/<name>.yaml`), a YAML path, a complete mapping (a checkpoint's
+    `model_config`, a composed Hydra `model` node) or a ModelConfig."""
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, Mapping):
+        return ModelConfig.from_dict(spec)
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(spec, DictConfig):
+        return ModelConfig.from_dict(OmegaConf.to_container(spec, resolve=True))
+    return ModelConfig.from_dict(read_preset(spec))

@@ -13,26 +13,31 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from anchormass.errors import ConfigError
 from anchormass.models.config import ModelConfig
 from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.optim import build_optimizer
 
-DEFAULT_OPTIM = dict(lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, warmup_steps=0, min_lr_ratio=0.1)
+# The optimiser settings come from the `optim` node of configs/train.yaml (the one place that sets them).
+OPTIM_KEYS = ("lr", "weight_decay", "betas", "eps", "warmup_steps", "min_lr_ratio")
 
 
 class LitLanguageModel(L.LightningModule):
-    def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict | None = None,
+    def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict,
                  trained_lengths: list[int] | None = None, tokenizer_path: str | None = None,
                  data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024,
                  tokenizer_checksum: str | None = None):
         super().__init__()
+        missing = [k for k in OPTIM_KEYS if k not in optim]
+        if missing:
+            raise ConfigError(f"optim: missing {missing} (configs/train.yaml sets all of {list(OPTIM_KEYS)})")
         cfg = ModelConfig.from_dict(model_config)
         trained = sorted(set(trained_lengths or []) | {int(seq_len)})
-        # RoPE's dynamic NTK measures prompts against the longest length trained so far (SPEC 1).
+        # RoPE's dynamic NTK measures prompts against the longest length trained so far (docs/method.md §1).
         cfg = cfg.replace(original_max_len=max(trained))
         self.save_hyperparameters(dict(
             model_config=cfg.to_dict(), total_steps=int(total_steps), seq_len=int(seq_len),
-            optim={**DEFAULT_OPTIM, **(optim or {})}, trained_lengths=trained,
+            optim=dict(optim), trained_lengths=trained,
             tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
             data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk),
             tokenizer_checksum=tokenizer_checksum))
