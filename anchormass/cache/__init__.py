@@ -27,7 +27,7 @@ def new_cache(model, batch_size: int = 1, policy=None, budget=None, dtype: torch
 def make_cache(cfg, batch_size: int = 1, policy=None, budget=None, device=None, dtype=None):
     """A fresh cache for one session of `batch_size` sequences.
 
-    AnchorMass: `policy` is a slot-policy name (SPEC 2.6) or instance, default `cfg.slot_policy`;
+    AnchorMass: `policy` is a slot-policy name (docs/method.md §2.6) or instance, default `cfg.slot_policy`;
     `budget` in global slots per layer and sequence, default `cfg.slot_budget`.
     Standard: `policy` in {None, snapkv, h2o, streaming_llm}, `budget` in tokens (StandardCache).
     """
@@ -39,12 +39,13 @@ def make_cache(cfg, batch_size: int = 1, policy=None, budget=None, device=None, 
         return StandardCache(cfg, batch_size, policy=policy, budget=budget, device=device, dtype=dtype)
 
     from anchormass.cache.anchormass_cache import AnchorMassCache
-    from anchormass.cache.slot_policies import make_slot_policy
+    from anchormass.cache.slot_policies import get_policy
 
-    budget = cfg.slot_budget if budget is None else budget
+    if budget is None:  # a policy instance may carry its own budget
+        budget = getattr(policy, "budget", None) or cfg.slot_budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"slot budget must be a positive integer (slots), got {budget!r}")
-    return AnchorMassCache(cfg, batch_size, make_slot_policy(policy, cfg), budget, device=device, dtype=dtype)
+    return AnchorMassCache(cfg, batch_size, get_policy(policy, budget, cfg), device=device, dtype=dtype)
 
 
 __all__ = ["make_cache", "new_cache"]

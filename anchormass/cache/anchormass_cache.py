@@ -85,9 +85,9 @@ class PrefillScratch:
 
 
 class AnchorMassLayerCache(LayerCache):
-    def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy, budget: int,
+    def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy,
                  device=None, dtype=None, scratch: PrefillScratch | None = None):
-        self.cfg, self.batch_size, self.policy, self.budget = cfg, batch_size, policy, budget
+        self.cfg, self.batch_size, self.policy, self.budget = cfg, batch_size, policy, policy.budget
         self.device, self.dtype = device, dtype
         self.scratch = PrefillScratch() if scratch is None else scratch
         self.n_seen = 0  # tokens this layer has attended
@@ -368,7 +368,7 @@ class AnchorMassLayerCache(LayerCache):
             n = int(self.counts[b])
             region = slice(self.slot0, self.slot0 + n)
             keys, vals, mass = self.policy.reduce(self.glob_k[b, :, region], self.glob_v[b, :, region],
-                                                  self.mass[b, region], self.budget)
+                                                  self.mass[b, region])
             m = mass.shape[0]
             kept, freed = slice(self.slot0, self.slot0 + m), slice(self.slot0 + m, self.slot0 + n)
             self.glob_k[b, :, kept], self.glob_v[b, :, kept], self.mass[b, kept] = keys, vals, mass
@@ -395,13 +395,12 @@ class AnchorMassLayerCache(LayerCache):
 
 
 class AnchorMassCache(KVCache):
-    """One `AnchorMassLayerCache` per layer; `policy` and `budget` (slots, per layer and sequence)."""
+    """One `AnchorMassLayerCache` per layer; `policy` is bound to the budget (slots, per layer and sequence)."""
 
-    def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy, budget: int,
-                 device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, batch_size: int, policy: SlotPolicy, device=None, dtype=None):
         scratch = PrefillScratch()
-        layers = [AnchorMassLayerCache(cfg, batch_size, policy, budget, device, dtype, scratch)
+        layers = [AnchorMassLayerCache(cfg, batch_size, policy, device, dtype, scratch)
                   for _ in range(cfg.n_layers)]
         super().__init__(layers, batch_size)
-        self.cfg, self.policy, self.budget = cfg, policy, budget
+        self.cfg, self.policy, self.budget = cfg, policy, policy.budget
 

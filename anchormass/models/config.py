@@ -181,8 +181,9 @@ def _preset_path(spec: "str | Path") -> Path:
 
 
 def read_preset(spec: "str | Path", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The fields of a preset YAML with its Hydra `defaults` list applied: each named preset (same
-    folder) in order, then the file's own fields (`_self_`, last unless placed otherwise)."""
+    """The fields of a preset YAML with its Hydra `defaults` list applied: each named preset (a file
+    beside it, else in configs/model/) in order, then the file's own fields (`_self_`, last unless
+    placed otherwise)."""
     import yaml
 
     path = _preset_path(spec)
@@ -201,7 +202,8 @@ def read_preset(spec: "str | Path", _seen: tuple[Path, ...] = ()) -> dict[str, A
         if entry == "_self_":
             merged.update(data)
         elif isinstance(entry, str):
-            merged.update(read_preset(path.parent / f"{entry}.yaml", (*_seen, path)))
+            local = path.parent / f"{entry}.yaml"  # beside the file, else a preset of configs/model/
+            merged.update(read_preset(local if local.is_file() else entry, (*_seen, path)))
         else:
             raise ConfigError(f"model config {path}: defaults entries must be preset names, got {entry!r}")
     return merged

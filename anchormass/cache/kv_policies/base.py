@@ -1,7 +1,7 @@
-"""What a Standard-model KV policy is (SPEC 3), and the two pieces of maths they share.
+"""What a Standard-model KV policy is (docs/method.md §3), and the two pieces of maths they share.
 
-A policy is a dataclass whose fields are its hyperparameters plus `budget` (tokens kept per
-head). One instance serves every layer of a cache: the per-layer state (scores, observation
+A policy (anchormass/cache/policy.py) is a dataclass whose fields are its hyperparameters plus
+`budget` (tokens kept per head), bound up front. One instance serves every layer of a cache: the per-layer state (scores, observation
 queries) lives in the `StandardLayerCache` it is handed, so policies stay stateless and can be
 shared or reused. The layer calls three hooks:
 
@@ -15,43 +15,25 @@ tokens in every head, so the cache stays a dense [B, H, n, D] tensor.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from anchormass.errors import ConfigError
+from anchormass.cache.policy import Policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from anchormass.cache.standard_cache import StandardLayerCache
 
 
 @dataclass
-class KVPolicy:
+class KVPolicy(Policy):
     name: ClassVar[str] = "base"
+    budget_unit: ClassVar[str] = "tokens per head"
     # True when the cache never holds more than `budget` tokens between forwards (it then
     # needs capacity budget + one chunk, not geometric growth).
     bounded: ClassVar[bool] = False
-
-    budget: int | None = None  # tokens kept per head
-
-    # ------------------------------------------------------------ configuration
-    def bind(self, budget: int | None) -> "KVPolicy":
-        """A validated copy with `budget` filled in (the argument wins if the field is unset)."""
-        if budget is not None and self.budget is not None and int(budget) != int(self.budget):
-            raise ConfigError(f"{self.name}: budget given twice ({self.budget} on the policy, {budget} on the cache)")
-        bound = dataclasses.replace(self, budget=int(budget) if budget is not None else self.budget)
-        bound.resolve()
-        return bound
-
-    def resolve(self) -> None:
-        """Check fields and derive dependent ones; raise ConfigError with one line."""
-        if self.budget is None:
-            raise ConfigError(f"{self.name}: a per-head token budget is required")
-        if self.budget < 1:
-            raise ConfigError(f"{self.name}: budget must be >= 1 token, got {self.budget}")
 
     # ------------------------------------------------------------ hooks
     def on_attend(self, layer: "StandardLayerCache", q: torch.Tensor) -> None:

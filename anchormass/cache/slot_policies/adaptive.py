@@ -15,8 +15,7 @@ import torch
 
 from anchormass.cache.slot_policies.base import PairMergePolicy, weighted_mean
 from anchormass.errors import ConfigError
-
-WEIGHTINGS = ("energy", "mass")
+from anchormass.models.config import MERGE_WEIGHTINGS
 
 
 @dataclass
@@ -25,10 +24,10 @@ class AdaptiveMerge(PairMergePolicy):
 
     name: ClassVar[str] = "adaptive"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.weighting not in WEIGHTINGS:
-            raise ConfigError(f"merge weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+    def resolve(self) -> None:
+        super().resolve()
+        if self.weighting not in MERGE_WEIGHTINGS:
+            raise ConfigError(f"merge weighting must be one of {MERGE_WEIGHTINGS}, got {self.weighting!r}")
 
     def choose_pairs(self, e_a: torch.Tensor, e_b: torch.Tensor, k: int) -> torch.Tensor:
         return torch.argsort(e_a + e_b, stable=True)[:k]

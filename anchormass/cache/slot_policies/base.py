@@ -1,6 +1,7 @@
-"""Stage 2 (SPEC 2.6): what a slot policy is, and the two mechanisms policies share.
+"""Stage 2 (docs/method.md §2.6): what a slot policy is, and the two mechanisms policies share.
 
-A policy sees ONE sequence's global slot store, oldest slot first:
+A policy (anchormass/cache/policy.py: a dataclass, budget bound up front, in slots per layer
+and sequence) sees ONE sequence's global slot store, oldest slot first:
     keys, values [Hg, n, D] (keys post-RoPE), mass [n] (float, every stored slot has mass > 0)
 and returns a store of at most `budget` slots, still chronological. Sinks live elsewhere
 in the cache and never reach a policy. Inputs are never modified in place (they are views
@@ -18,7 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from anchormass.errors import ConfigError
+from anchormass.cache.policy import Policy
+from anchormass.models.config import check_protect_fraction
 
 Store = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys [Hg, n, D], values [Hg, n, D], mass [n]
 
@@ -37,26 +39,26 @@ def _drop(store: Store, index: torch.Tensor) -> Store:
 
 
 @dataclass
-class SlotPolicy:
+class SlotPolicy(Policy):
     """Removes slots until the store fits the budget, in as many rounds as needed."""
 
     protect_fraction: float = 0.25
 
-    name: ClassVar[str] = ""
     protects_recent: ClassVar[bool] = True
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.protect_fraction < 1.0:
-            raise ConfigError(f"protect_fraction must be in [0, 1), got {self.protect_fraction}")
+    def resolve(self) -> None:
+        super().resolve()
+        check_protect_fraction(self.protect_fraction)
 
-    def n_protected(self, budget: int) -> int:
-        return int(budget * self.protect_fraction) if self.protects_recent else 0
+    def n_protected(self) -> int:
+        return int(self.budget * self.protect_fraction) if self.protects_recent else 0
 
-    def reduce(self, keys: torch.Tensor, values: torch.Tensor, mass: torch.Tensor, budget: int) -> Store:
+    def reduce(self, keys: torch.Tensor, values: torch.Tensor, mass: torch.Tensor) -> Store:
+        budget = self.budget
         store = (keys, values, mass)
         while store[2].shape[0] > budget:
             n = store[2].shape[0]
-            n_cand = n - self.n_protected(budget)
+            n_cand = n - self.n_protected()
             store = self.round(store, n_cand, need=n - budget)
             if store[2].shape[0] >= n:  # cannot happen for budget >= 2; guards an endless loop
                 raise RuntimeError(f"slot policy {self.name!r} made no progress at {n} slots, budget {budget}")
