@@ -1,4 +1,4 @@
-"""AnchorMass cache attention == the dense SPEC 2.2 oracle, chunk by chunk; buffers and accounting."""
+"""AnchorMass cache attention == the dense docs/method.md §2.2 oracle, chunk by chunk; buffers and accounting."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""THE invariant (SPEC 2.5): parallel logits == chunked prefill + token-by-token decode (fp32, <= 1e-4).
+"""THE invariant (docs/method.md §2.5): parallel logits == chunked prefill + token-by-token decode (fp32, <= 1e-4).
 
 Both models, random init. The budget is large enough that stage 2 never fires.
 """

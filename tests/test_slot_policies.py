@@ -1,4 +1,4 @@
-"""Stage-2 policies (SPEC 2.6): hand-built slot stores, then random streams through a real cache."""
+"""Stage-2 policies (docs/method.md §2.6): hand-built slot stores, then random streams through a real cache."""
 
 import math
 

@@ -41,7 +41,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    chunk: int = 1024  # prefill chunk (SPEC 2.5 default)
+    chunk: int = 1024  # prefill chunk (docs/method.md §2.5 default)
     warmup: int = 1
     # Warm up before every length / shape, not only the first: needed where a new shape costs a
     # one-time compile (FlexAttention on CUDA); on CPU it would only double the long runs.

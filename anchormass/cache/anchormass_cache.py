@@ -1,4 +1,4 @@
-"""AnchorMass inference cache (SPEC 2.5): per layer a local ring, sinks, global slots with masses, a raw tail.
+"""AnchorMass inference cache (docs/method.md §2.5): per layer a local ring, sinks, global slots with masses, a raw tail.
 
 Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D):
   local ring  local_k/v [B, Hl, W, D]   the last W = cfg.window positions (ring slot = pos % W)
@@ -18,11 +18,11 @@ chunk longer than `cfg.prefill_chunk` can grow it further (again by doubling). A
 copies the buffer once: O(stored) per growth, never a per-token cat.
 
 A chunk's queries see the cache as it stood at the start of the chunk plus the chunk's own
-tokens, its completed blocks as slots and its current block raw (SPEC 2.2): the parallel
+tokens, its completed blocks as slots and its current block raw (docs/method.md §2.2): the parallel
 path's attention exactly. To attend without concatenating keys per chunk, a chunk stages its
 raw stream (old tail + new tokens) and its new slots in the buffer right after the stored
 slots, and attends to one slice glob[:end]; glob_k/v therefore carry, past the slot capacity,
-stage rows for one piece: per-chunk working memory (like the keys it used to concatenate), which
+stage rows for one piece: per-chunk working memory, which
 `nbytes` leaves out and which `end_prefill` (or the first decode step) drops. The
 position-only parts of the chunk masks are built once per forward and shared by the layers.
 Stage 1 is the same `compress_blocks` the parallel path calls. Stage 2 runs in `after_forward`
@@ -162,8 +162,8 @@ class AnchorMassLayerCache(LayerCache):
     def tensors(self):
         if self.mass is None:
             return []
-        # The stage rows past slot0 + capacity are per-piece scratch (as the keys the chunk
-        # path used to concatenate were), not stored state: nbytes leaves them out.
+        # The stage rows past slot0 + capacity are per-piece scratch, not stored state: nbytes
+        # leaves them out.
         rows = self.slot0 + self.capacity
         return [self.local_k, self.local_v, self.glob_k[:, :, :rows], self.glob_v[:, :, :rows], self.mass, self.counts]
 
@@ -194,7 +194,7 @@ class AnchorMassLayerCache(LayerCache):
         self.n_seen += t
         return out
 
-    # local heads (SPEC 2.1: position t sees t - W < j <= t)
+    # local heads (docs/method.md §2.1: position t sees t - W < j <= t)
     def _ring_positions(self, end: int, device) -> torch.Tensor:
         """[W] position held by each ring slot once positions < end are written (negative = empty)."""
         w = self.cfg.window
@@ -226,7 +226,7 @@ class AnchorMassLayerCache(LayerCache):
         self.local_v[:, :, ring_idx] = v[:, :, -m:].to(self.local_v.dtype)
         return out
 
-    # global heads (SPEC 2.2)
+    # global heads (docs/method.md §2.2)
     def _mass_bias(self, mass: torch.Tensor) -> torch.Tensor:
         """+log(mass) logits; with cfg.mass_bias off only mass 0 (absent) is masked."""
         return slot_log_mass(mass, self.cfg.mass_bias)

@@ -42,7 +42,7 @@ class KVCache:
         self.layers = list(layers)
         self.batch_size = batch_size
         self.seen_tokens = 0
-        # RoPE base of this session, fixed at prefill (SPEC 1). None until the first forward.
+        # RoPE base of this session, fixed at prefill (docs/method.md §1). None until the first forward.
         self.rope_base: float | None = None
 
     def advance(self, n_tokens: int) -> None:

@@ -8,7 +8,7 @@ a chunk is written in place, so decoding never re-copies the whole cache per tok
             in the equal-KV-bytes comparison) tracks what is stored to ~12.5%, and a growth
             copies the cache once per ~length / 8 decoded tokens (amortized O(1) per token)
 Every head of every sequence holds the same number of tokens (`length`);
-policies (SPEC 3, `kv_policies/`) choose *which* tokens per head and sequence.
+policies (docs/method.md §3, `kv_policies/`) choose *which* tokens per head and sequence.
 
 Attention is always computed by SDPA over the stored keys, whatever the policy: policies that
 need attention scores (H2O, the hit-rate probe) compute them separately in fp32. So while a

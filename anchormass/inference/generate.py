@@ -1,7 +1,7 @@
 """Inference engine: chunked prefill through a session cache, then a greedy / sampling decode loop.
 
 Works with both models and every cache policy: it only uses `model(ids, cache=cache)`,
-`model.forward_hidden`, `model.lm_head` and `anchormass.cache.new_cache` (SPEC 7).
+`model.forward_hidden`, `model.lm_head` and `anchormass.cache.new_cache` (docs/method.md §7).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from anchormass.models.rope import ntk_base
 def prefill(model, ids: torch.Tensor, cache, chunk_size: int | None = None) -> torch.Tensor:
     """Feed the prompt `ids` [B, P] through `cache` in chunks; return the last position's logits [B, V].
 
-    The session's RoPE base is fixed here from the whole prompt length P (SPEC 1), before the
+    The session's RoPE base is fixed here from the whole prompt length P (docs/method.md §1), before the
     first chunk, so that every chunk and every later decode step uses the same base. Only the
     last position goes through the LM head.
     """
@@ -81,13 +81,11 @@ def inference_autocast(model) -> contextlib.AbstractContextManager:
 def decode_threads(model, n_threads: int | None = 1):
     """Run the block with at most `n_threads` intra-op threads when `model` is on the CPU.
 
-    Why: a decode step is a chain of tiny ops on [B, d] rows (about 20 us each on one core).
-    Split over several OpenMP threads, every op ends in a barrier that waits for all of them;
-    on a CPU shared with other processes a worker is often descheduled, and the op waits a
-    scheduler time slice. Measured on the shared 2-core box: a [1, 256] x [256, 768] projection
-    took 0.017 ms on 1 thread and 8-12 ms on 2, and anchormass_mini decode 4-6 ms/token on 1
-    thread against 28-290 ms/token on 2, varying with the machine's load, not with the cache.
-    `None` keeps torch's setting. The previous count is restored on exit.
+    Why: a decode step is a chain of tiny ops on [B, d] rows, each far shorter than a scheduler
+    time slice. Split over several OpenMP threads, every op ends in a barrier that waits for all
+    of them; on a CPU shared with other processes a worker is often descheduled, and then each
+    op waits a whole time slice, so one thread is faster and its speed does not depend on the
+    machine's load. `None` keeps torch's setting. The previous count is restored on exit.
     """
     if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
         raise ConfigError(f"decode threads must be a positive integer or None, got {n_threads!r}")

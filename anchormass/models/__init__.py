@@ -1,4 +1,4 @@
-"""The two matched models (SPEC 1): `build_model(name | ModelConfig | dict | DictConfig)`."""
+"""The two matched models (docs/method.md §1): `build_model(name | ModelConfig | dict | DictConfig)`."""
 
 from __future__ import annotations
 

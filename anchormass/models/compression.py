@@ -1,4 +1,4 @@
-"""Stage 1 (SPEC 2.3): compress complete blocks of global-head keys/values into slots.
+"""Stage 1 (docs/method.md §2.3): compress complete blocks of global-head keys/values into slots.
 
 Shared by the parallel training path and the inference cache, so both make identical
 decisions. Everything is vectorised over batch, blocks and groups.
@@ -11,7 +11,7 @@ Each group of G consecutive tokens becomes two slots, background first:
               else zeros with mass 0 (an absent slot).
 The outlier decision is one per (sequence, group), shared by all global heads of the layer.
 
-Conventions the SPEC leaves open:
+Conventions this implementation fixes (docs/method.md §2.3 states them too):
   * cos(v, v_bar) of a zero vector (either side) is 0, so an all-zero value never yields NaN.
   * rel[i] = mean_h ( |v[h,i]| / mean_j |v[h,j]| ), with 0/0 := 0 (an all-zero group).
   * argmin ties resolve to the lowest index (torch.argmin returns the first minimum).

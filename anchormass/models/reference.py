@@ -1,4 +1,4 @@
-"""Naive dense AnchorMass attention (SPEC 2.1 local heads, 2.2 global heads): the test oracle.
+"""Naive dense AnchorMass attention (docs/method.md §2.1 local heads, §2.2 global heads): the test oracle.
 
 Builds the full visibility mask over [sinks | all slots | raw tokens] for every query, so it
 is O(T * (T + slots)) in memory: for small T in tests only. The softmax runs in float64 so

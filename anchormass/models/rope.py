@@ -1,4 +1,4 @@
-"""Rotary position embedding with dynamic NTK scaling (SPEC 1).
+"""Rotary position embedding with dynamic NTK scaling (docs/method.md §1).
 
 Convention: *rotate-half* (as in GPT-NeoX / LLaMA): dimension i is paired with i + D/2, and
 pair i rotates with frequency base^(-2i/D). cos/sin are computed for exactly the positions

@@ -1,4 +1,4 @@
-"""The decoder-only language model shared by both architectures (SPEC 1).
+"""The decoder-only language model shared by both architectures (docs/method.md §1).
 
 embedding -> n_layers x [x + attn(norm(x)); x + ffn(norm(x))] -> final norm -> untied lm_head.
 The attention class is picked by `cfg.arch`; everything else is identical, so the two models

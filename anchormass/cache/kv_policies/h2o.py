@@ -1,4 +1,4 @@
-"""H2O, heavy hitters (SPEC 3): every cached key accumulates the attention it receives (summed
+"""H2O, heavy hitters (docs/method.md §3): every cached key accumulates the attention it receives (summed
 over all queries that saw it, per head and sequence); once the cache is over budget after a
 forward, keep the `recent` most recent tokens plus the `heavy` highest-scoring older ones.
 

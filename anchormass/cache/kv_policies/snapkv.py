@@ -1,4 +1,4 @@
-"""SnapKV (SPEC 3): the prompt's last `window` queries vote once, after prefill, for the prefix
+"""SnapKV (docs/method.md §3): the prompt's last `window` queries vote once, after prefill, for the prefix
 tokens each head keeps; the window itself is always kept.
 
 Vote = softmax attention (fp32) of the window queries over every prompt key, causal inside the

@@ -1,4 +1,4 @@
-"""StreamingLLM (SPEC 3): keep the first `sinks` tokens and the most recent budget - sinks;
+"""StreamingLLM (docs/method.md §3): keep the first `sinks` tokens and the most recent budget - sinks;
 evict after every forward once over budget.
 
 Positions: keys are stored post-RoPE at their ORIGINAL positions and new queries use their true

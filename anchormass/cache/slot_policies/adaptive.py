@@ -1,4 +1,4 @@
-"""`adaptive` (SPEC 2.6, the default): merge the adjacent candidate pairs of lowest energy sum.
+"""`adaptive` (docs/method.md §2.6, the default): merge the adjacent candidate pairs of lowest energy sum.
 
 Merged value: energy-weighted mean (e_a v_a + e_b v_b) / (e_a + e_b), mass-weighted when both
 energies are 0 or when `weighting="mass"` (the ablation). Merged key: the key of the

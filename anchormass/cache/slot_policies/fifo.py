@@ -1,4 +1,4 @@
-"""`fifo` (SPEC 2.6): evict the oldest candidates; sinks and the protected recent slots stay
+"""`fifo` (docs/method.md §2.6): evict the oldest candidates; sinks and the protected recent slots stay
 (StreamingLLM applied to slots). Mass is lost."""
 
 from __future__ import annotations

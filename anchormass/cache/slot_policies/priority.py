@@ -1,4 +1,4 @@
-"""`priority` (SPEC 2.6): evict the lowest-energy candidates (the older one on a tie); mass is lost."""
+"""`priority` (docs/method.md §2.6): evict the lowest-energy candidates (the older one on a tie); mass is lost."""
 
 from __future__ import annotations
 

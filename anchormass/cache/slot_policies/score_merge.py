@@ -1,4 +1,4 @@
-"""`score_merge` (SPEC 2.6): `adaptive` without recent-window protection: every slot is a candidate."""
+"""`score_merge` (docs/method.md §2.6): `adaptive` without recent-window protection: every slot is a candidate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`uniform_merge` (SPEC 2.6): merge the oldest candidate pairs in order, ignoring energy.
+"""`uniform_merge` (docs/method.md §2.6): merge the oldest candidate pairs in order, ignoring energy.
 
 Merged value: mass-weighted mean; merged key: the key of the later (newer) slot of the pair,
 like the anchor key of stage 1.
