@@ -17,12 +17,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "anchormass"
 LAYERS = {
     "errors": 0, "utils": 0,                 # import nobody from anchormass
     "config_checks": 1, "logging_setup": 1,  # typed checks, console set-up
+    "dir_lock": 1,                           # one writer per run directory
     "cli": 2,                                # entry-point behaviour (one-line errors)
     "models": 3, "data": 3,                  # the networks; tokenizer and token files
     "cache": 4,                              # caches and stage-2 / KV policies, built for a model
     "inference": 5,                          # prefill + the one decode loop, over model and cache
-    "training": 6, "bench": 6,               # Lightning module and runs; CPU/GPU benchmarks
-    "hf": 7,                                 # Hugging Face export of a trained model
+    "training": 6,                           # Lightning module, optimiser, runs, checkpoints
+    "bench": 7, "hf": 7,                     # benchmarks (may time training steps); HF export
     "eval": 8,                               # evaluation suites (may drive anything below)
 }
 

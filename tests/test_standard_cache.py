@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from anchormass.cache.standard_cache import StandardCache, StandardLayerCache
 from anchormass.errors import ConfigError
+from anchormass.models.accounting import kv_bytes_per_token, kv_bytes_session
 from anchormass.models.config import load_model_config
 
 B, H, D = 2, 3, 8
@@ -66,10 +67,11 @@ def test_nbytes_is_measured_and_compacts_after_prefill():
             q = torch.randn(2, cfg.n_heads, chunk, cfg.head_dim)
             layer.attend(q, q, q)
         cache.advance(chunk)
-    per_slot = 2 * 2 * cfg.n_heads * cfg.head_dim * 2  # K and V, batch 2, bf16
-    assert cache.nbytes == cfg.n_layers * 28 * per_slot  # capacity 7 -> 14 -> 28
+    # Measured bytes against the accounting (batch 2): doubling capacity 7 -> 14 -> 28 during the
+    # prefill, then the 21 stored tokens plus the decode reserve of 4.
+    assert cache.nbytes == 2 * 28 * kv_bytes_per_token(cfg, torch.bfloat16)
     cache.end_prefill()
-    assert cache.nbytes == cfg.n_layers * (21 + 4) * per_slot
+    assert cache.nbytes == 2 * kv_bytes_session(cfg, 21 + 4, dtype=torch.bfloat16)
     stats = cache.stats()
     assert stats["tokens"] == 21 and stats["slots"] == stats["mass"] == [[21, 21]] * cfg.n_layers
     assert cache.layers[0].k.dtype == torch.bfloat16
@@ -112,7 +114,7 @@ def test_decode_growth_keeps_nbytes_close_to_the_stored_tokens():
     cfg = load_model_config("standard_tiny")
     reserve = 4
     cache = StandardCache(cfg, batch_size=1, decode_reserve=reserve)
-    per_token = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * 4  # K and V, fp32
+    per_token = kv_bytes_per_token(cfg, torch.float32)
 
     def step(n):
         for layer in cache.layers:
