@@ -173,3 +173,18 @@ def test_checkpoint_trained_with_another_tokenizer_is_refused(assets, tmp_path):
     m = EvalModel("m", None, None, "x", {"tokenizer_checksum": "f" * 64})
     with pytest.raises(CheckpointError, match="not the one model 'm' was trained with"):
         load_tokenizer(assets / "tok.model", [m])
+
+
+def test_full_preset_main_passkey_table_counts_only_the_main_grid(assets, tmp_path):
+    """eval=full runs its robustness trials (more seeds) at a main length: the main table of that
+    length must still hold depths x seeds trials, the robustness table its own."""
+    cfg = compose_cfg("eval=full", "suite=passkey", "model=anchormass_tiny", f"model.vocab_size={VOCAB}",
+                      "eval.passkey.lengths=[160,320]", "eval.passkey.depths=[0.1,0.9]", "eval.passkey.seeds=[0]",
+                      "eval.passkey.max_new_tokens=2", "eval.passkey.batch_size=4",
+                      "eval.passkey.robustness.length=160", "eval.passkey.robustness.seeds=[0,1,2]",
+                      "eval.passkey.robustness.phrasings=[plain,memo]", *common(assets, tmp_path / "run"))
+    res = json.loads((run_evaluation(cfg) / "results.json").read_text())["suites"]["passkey"]
+    per_length = res["by_length"]["anchormass_tiny"]
+    assert {L: c["n"] for L, c in per_length.items()} == {"160": 2, "320": 2}
+    assert res["heatmap_n"]["anchormass_tiny"] == [[1, 1], [1, 1]]  # length x depth
+    assert {p: c["n"] for p, c in res["robustness"]["by_phrasing"]["anchormass_tiny"].items()} == {"plain": 6, "memo": 6}
