@@ -43,7 +43,7 @@ def _ctx(models, tmp_path, n=3000, vocab=50):
 
 def test_same_targets_scored_at_every_context_length(tmp_path):
     cfg = load_model_config("standard_tiny").replace(vocab_size=50)
-    m = EvalModel("bigram", Bigram(), cfg, "test", {"_max_context": None})
+    m = EvalModel("bigram", Bigram(), cfg, "test")
     ctx = _ctx([m], tmp_path)
     suite = PplSuite({"contexts": [0, 100, 500], "target_len": 64, "n_anchors": 5, "batch_size": 2})
     suite.check(ctx)
@@ -85,7 +85,7 @@ class OomAbove(Bigram):
 
 def test_oom_at_a_length_is_a_recorded_result(tmp_path):
     cfg = load_model_config("standard_tiny").replace(vocab_size=50)
-    m = EvalModel("oomy", OomAbove(200), cfg, "test", {"_max_context": None})
+    m = EvalModel("oomy", OomAbove(200), cfg, "test")
     ctx = _ctx([m], tmp_path)
     suite = PplSuite({"contexts": [0, 300], "target_len": 64, "n_anchors": 3})
     suite.check(ctx)
@@ -97,8 +97,8 @@ def test_oom_at_a_length_is_a_recorded_result(tmp_path):
 
 def test_holm_counts_only_the_lengths_both_models_finished(tmp_path):
     cfg = load_model_config("standard_tiny").replace(vocab_size=50)
-    models = [EvalModel("ok", Bigram(), cfg, "test", {"_max_context": None}),
-              EvalModel("oomy", OomAbove(200), cfg, "test", {"_max_context": None})]
+    models = [EvalModel("ok", Bigram(), cfg, "test"),
+              EvalModel("oomy", OomAbove(200), cfg, "test")]
     ctx = _ctx(models, tmp_path)
     suite = PplSuite({"contexts": [0, 100, 300], "target_len": 64, "n_anchors": 6})
     suite.check(ctx)
