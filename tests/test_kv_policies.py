@@ -255,10 +255,10 @@ def test_policies_through_the_standard_tiny_model():
     for name in sorted(POLICIES):
         same, cache = session(name, 48)  # the budget covers the whole session: nothing is evicted
         assert torch.equal(same, full), name
-        assert cache.stats()["slots"] == [48] * model.cfg.n_layers
+        assert cache.stats()["slots"] == [[48, 48]] * model.cfg.n_layers
         policy = SnapKV(window=8) if name == "snapkv" else name
         squeezed, cache = session(policy, 16)
         assert not torch.allclose(squeezed[:, 32:], full[:, 32:]), name
         kept = 16 + (16 if name == "snapkv" else 0)  # SnapKV compresses the prompt once, then appends
-        assert cache.stats()["slots"] == [kept] * model.cfg.n_layers
-        assert cache.stats()["mass"] == [kept] * model.cfg.n_layers
+        assert cache.stats()["slots"] == [[kept, kept]] * model.cfg.n_layers
+        assert cache.stats()["mass"] == [[kept, kept]] * model.cfg.n_layers

@@ -163,7 +163,7 @@ def test_policy_over_random_streams(name, budget, chunks, seed, batch):
         seen = torch.cat(first_keys, dim=2)[:, :, :cfg.n_sinks]
         for layer in cache.layers:  # sinks are the first S keys, untouched
             assert torch.equal(layer.sink_k[:, :, :seen.shape[2]], seen)
-        masses = [m for per_layer in stats["mass"] for m in (per_layer if batch > 1 else [per_layer])]
+        masses = [m for per_layer in stats["mass"] for m in per_layer]
         if conserves or not fired:
             assert all(m == stats["tokens"] for m in masses)
         if nbytes is not None:  # at the budget the buffers have their final size: chunks never grow them

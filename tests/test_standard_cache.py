@@ -71,7 +71,7 @@ def test_nbytes_is_measured_and_compacts_after_prefill():
     cache.end_prefill()
     assert cache.nbytes == cfg.n_layers * (21 + 4) * per_slot
     stats = cache.stats()
-    assert stats["tokens"] == 21 and stats["slots"] == [21] * cfg.n_layers and stats["mass"] == [21] * cfg.n_layers
+    assert stats["tokens"] == 21 and stats["slots"] == stats["mass"] == [[21, 21]] * cfg.n_layers
     assert cache.layers[0].k.dtype == torch.bfloat16
 
 

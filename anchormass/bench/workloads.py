@@ -1,6 +1,6 @@
-"""The measured sessions, written against the SPEC 7 contract only (`model(ids)`,
-`anchormass.cache.new_cache`, `model(chunk, cache=cache)`, `generate.prefill`, `cache.nbytes`,
-`cache.stats()`), so they run unchanged on both architectures."""
+"""The measured sessions, written against the model/cache contract only (docs/method.md §7:
+`model(ids)`, `anchormass.cache.new_cache`, `model(chunk, cache=cache)`, `generate.prefill`,
+`generate.decode`, `cache.nbytes`, `cache.stats()`), so they run unchanged on both architectures."""
 
 from __future__ import annotations
 
@@ -27,10 +27,16 @@ def prefill(model, ids: torch.Tensor, policy: str | None, budget: int | None, ch
 
 @torch.no_grad()
 def decode(model, cache, token: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Greedy decoding of n_tokens through the cache; returns the next token [B, 1]."""
-    for _ in range(n_tokens):
-        token = model(token, cache=cache)[:, -1].argmax(-1, keepdim=True)
-    return token
+    """Greedy decoding of n_tokens steps through the cache, starting by feeding `token` [B, 1];
+    returns the next token [B, 1] (chosen, not yet fed), so windows can be chained.
+
+    Feeding `token` is the first of the n_tokens model steps; `generate.decode` (the one decode
+    loop) then picks n_tokens ids and feeds all but the last, n_tokens - 1 more steps.
+    """
+    if n_tokens == 0:
+        return token
+    logits = model(token, cache=cache)[:, -1].float()  # [B, V]
+    return generate.decode(model, cache, logits, n_tokens)[:, -1:]
 
 
 def train_step(model, ids: torch.Tensor) -> None:
@@ -42,16 +48,7 @@ def train_step(model, ids: torch.Tensor) -> None:
 
 
 def cache_summary(cache) -> dict:
-    """Measured bytes and the slot / token counts the cache reports."""
+    """Measured bytes and the slot / mass counts the cache reports ([layer][sequence] lists)."""
     stats = cache.stats()
-    return {"nbytes": int(cache.nbytes), "tokens": int(stats["tokens"]),
-            "slots": _plain(stats["slots"]), "mass": _plain(stats["mass"])}
-
-
-def _plain(x):
-    """Per-layer counts as JSON-ready numbers (a layer may report a tensor or per-sequence list)."""
-    if isinstance(x, torch.Tensor):
-        return x.tolist()
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
+    return {"nbytes": int(cache.nbytes), "tokens": int(stats["tokens"]), "slots": stats["slots"],
+            "mass": stats["mass"]}

@@ -407,15 +407,11 @@ class AnchorMassLayerCache(LayerCache):
         slots = int(self.counts.sum())
         return local + (raw + slots) * 2 * cfg.n_global_heads * cfg.head_dim * el + slots * self.mass.element_size()
 
-    def stats(self) -> dict:
-        """'slots': stored slots; 'mass': sinks + slots + tail; per sequence when batch > 1."""
+    def stats(self) -> dict[str, list]:
+        """Per sequence: 'slots' stored, 'mass' represented (sinks + slots + tail)."""
         if self.counts is None:
-            slots, mass = [0] * self.batch_size, [0.0] * self.batch_size
-        else:
-            slots, mass = self.counts.tolist(), [float(x) for x in self.mass.double().sum(dim=1).tolist()]
-        if self.batch_size == 1:
-            return {"slots": slots[0], "mass": mass[0]}
-        return {"slots": slots, "mass": mass}
+            return {"slots": [0] * self.batch_size, "mass": [0.0] * self.batch_size}
+        return {"slots": self.counts.tolist(), "mass": [float(x) for x in self.mass.double().sum(dim=1).tolist()]}
 
 
 class AnchorMassCache(KVCache):

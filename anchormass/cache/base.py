@@ -34,8 +34,8 @@ class LayerCache:
     def end_prefill(self) -> None:
         """Called once when the whole prompt has been prefilled (e.g. SnapKV compresses here)."""
 
-    def stats(self) -> dict[str, int | float]:
-        """{'slots': ..., 'mass': ...} for this layer (see KVCache.stats)."""
+    def stats(self) -> dict[str, list]:
+        """{'slots': [...], 'mass': [...]} for this layer, one entry per sequence (see KVCache.stats)."""
         raise NotImplementedError
 
 
@@ -84,8 +84,9 @@ class KVCache:
         return sum(layer.stored_nbytes() for layer in self.layers)
 
     def stats(self) -> dict:
-        """'tokens': tokens seen; per layer 'slots' (global slots stored / tokens kept) and
-        'mass' (total mass the global heads represent: sinks + slots + tail)."""
+        """'tokens': tokens seen; 'slots' and 'mass' as [layer][sequence] lists, whatever the batch
+        size: global slots stored (Standard: tokens kept) and the total mass the global heads
+        represent (sinks + slots + tail; Standard: tokens kept)."""
         per_layer = [layer.stats() for layer in self.layers]
         return {
             "tokens": self.seen_tokens,

@@ -183,8 +183,9 @@ class StandardLayerCache(LayerCache):
             return 0
         return 2 * self.batch_size * self.n_heads * self.length * self.head_dim * self.k.element_size()
 
-    def stats(self) -> dict[str, int]:
-        return {"slots": self.length, "mass": self.length}
+    def stats(self) -> dict[str, list[int]]:
+        """Per sequence (every sequence keeps the same number of tokens): 'slots', 'mass'."""
+        return {"slots": [self.length] * self.batch_size, "mass": [self.length] * self.batch_size}
 
 
 class StandardCache(KVCache):
