@@ -107,15 +107,33 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def git_commit() -> str | None:
-    """The commit of the code that produced a result (+'-dirty' when the tree has changes)."""
+# Untracked files with these endings are code or config that can change a result; others
+# (notes, scratch output outside .gitignore) do not make a tree dirty.
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".sh", ".json", ".txt")
+
+
+def git_state(root: str | os.PathLike = REPO_ROOT) -> dict | None:
+    """{'commit', 'dirty', 'modified', 'untracked_source'} of the checkout at `root`, or None
+    outside git: dirty when a tracked file changed or an untracked (not ignored) source file
+    exists, since either can make the code differ from the commit."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
+                                capture_output=True, text=True, timeout=10).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return None
     if not sha:
         return None
-    return sha + ("-dirty" if dirty else "")
+    modified = [line[3:] for line in status if not line.startswith("??")]
+    untracked = [line[3:] for line in status if line.startswith("??") and line.rstrip().endswith(SOURCE_SUFFIXES)]
+    return {"commit": sha, "dirty": bool(modified or untracked), "modified": len(modified),
+            "untracked_source": untracked}
+
+
+def git_commit(root: str | os.PathLike = REPO_ROOT) -> str | None:
+    """The commit of the code that produced a result (+'-dirty' as `git_state` defines it)."""
+    state = git_state(root)
+    if state is None:
+        return None
+    return state["commit"] + ("-dirty" if state["dirty"] else "")

@@ -10,7 +10,7 @@ import torch
 
 from anchormass.cache.kv_policies import SnapKV, attention_probs
 from anchormass.cache.standard_cache import StandardLayerCache
-from anchormass.eval.baselines import kv_bytes_per_token, session_logprobs
+from anchormass.eval.sessions import session_logprobs, standard_bytes_per_token
 from anchormass.eval.hitrate import HitRateProbe
 from anchormass.models import build_model
 
@@ -59,11 +59,13 @@ def test_session_logprobs_equal_the_parallel_forward_and_policies_cut_bytes(tiny
         ref = torch.log_softmax(std(ids)[:, 47:-1].float(), -1).gather(-1, ids[:, 48:, None])[..., 0]
     full, full_bytes = session_logprobs(std, ids, 47, 16, 1)
     torch.testing.assert_close(full, ref, atol=1e-4, rtol=0)
-    per_token = kv_bytes_per_token(std)
+    per_token = standard_bytes_per_token(std)
     assert per_token == 2 * std.cfg.n_layers * std.cfg.n_heads * std.cfg.head_dim * 4  # K+V, fp32
+    assert full_bytes.stored_end == 59 * per_token  # 48 prompt tokens + 11 fed (the last is only a target)
     for policy in ("h2o", "streaming_llm"):
-        lp, nbytes = session_logprobs(std, ids, 47, 16, 1, policy, 24)
-        assert lp.shape == full.shape and nbytes < full_bytes / 2
+        lp, kv = session_logprobs(std, ids, 47, 16, 1, policy, 24)
+        assert lp.shape == full.shape and kv.stored_end == 24 * per_token
+        assert kv.allocated_peak < full_bytes.allocated_peak / 2
         assert not torch.allclose(lp, full)
 
 
@@ -77,21 +79,33 @@ def _run(tmp_path, models, eval_cfg, suite):
     return out, json.loads((out / "results.json").read_text())["suites"][suite]
 
 
-def test_baselines_suite_matches_bytes_and_reports(tmp_path, tiny_models):
+def test_baselines_suite_matches_stored_bytes_within_5_percent(tmp_path, tiny_models):
+    """Every method at every level stores, after the last token, what AnchorMass stores (±5%):
+    SnapKV is charged for the tokens it appends after compressing the prompt."""
     std, am = tiny_models
-    cfg = {"baselines": {"slot_budgets": [4], "policy_args": {"snapkv": {"window": 8}},
-                         "ppl": {"contexts": [300], "target_len": 4, "n_anchors": 1}, "chunk": 256}}
+    cfg = {"baselines": {"slot_budgets": [4, 32], "policy_args": {"snapkv": {"window": 8}},
+                         "ppl": {"contexts": [300], "target_len": 16, "n_anchors": 2}, "chunk": 256}}
     out, res = _run(tmp_path, [std, am], cfg, "baselines")
-    rows = {r["method"]: r for r in res["rows"]}
-    assert set(rows) == {"anchormass", "snapkv", "h2o", "streaming_llm", "full"}
-    per_token = res["settings"]["standard_kv_bytes_per_token"]
-    matched = int(rows["anchormass"]["kv_bytes"] // per_token)
-    assert 8 < matched < 300  # AnchorMass at 304 tokens is smaller than a full Standard cache
-    for p in ("snapkv", "h2o", "streaming_llm"):
-        assert rows[p]["budget"] == matched
-        assert rows[p]["kv_bytes"] < rows["full"]["kv_bytes"]
+    per_token = res["settings"]["standard_bytes_per_token"]
+    levels = {}
+    for r in res["rows"]:
+        levels.setdefault(r["level"], {})[r["method"]] = r
+    assert set(levels) == {"full", "slots=4", "slots=32"} and set(levels["full"]) == {"full"}
+    for level in ("slots=4", "slots=32"):
+        rows = levels[level]
+        assert set(rows) == {"anchormass", "snapkv", "h2o", "streaming_llm"}
+        target = rows["anchormass"]["stored_end"]
+        assert 8 * per_token < target < levels["full"]["full"]["stored_end"]
+        for method, r in rows.items():
+            assert abs(r["stored_end"] / target - 1) <= 0.05, (level, method, r["stored_end"], target)
+            assert r["matched"] and r["allocated_peak"] >= r["stored_end"]
+        # SnapKV keeps its budget of the prompt plus the 14 tokens fed after it
+        assert rows["snapkv"]["budget"] == rows["h2o"]["budget"] - 14
+    assert levels["slots=32"]["anchormass"]["stored_end"] > levels["slots=4"]["anchormass"]["stored_end"]
+    assert res["settings"]["unmatched"] == []
     assert (out / "baselines_score_vs_kv_bytes.png").stat().st_size > 0
-    assert "equal KV bytes" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "equal stored KV bytes" in report and "allocated KiB" in report
 
 
 def test_baselines_with_a_covering_token_budget_equal_the_full_cache(tmp_path, tiny_models):
@@ -157,13 +171,16 @@ def test_baselines_passkey_and_token_file(tmp_path, tiny_models, assets):
     assert keys == {(t, m) for t in ("ppl", "passkey") for m in ("streaming_llm", "snapkv", "full")}
     passkey = [it for it in res["items"] if it["task"] == "passkey"]
     assert len(passkey) == 2 * 3 and all(0 <= it["digits"] <= 4 and "text" in it for it in passkey)
-    bytes_ = {r["method"]: r["kv_bytes"] for r in res["rows"] if r["task"] == "passkey"}
-    assert bytes_["streaming_llm"] < bytes_["snapkv"] < bytes_["full"]
+    rows = {r["method"]: r for r in res["rows"] if r["task"] == "passkey"}
+    per_token = res["settings"]["standard_bytes_per_token"]
+    for method in ("streaming_llm", "snapkv"):  # 40 tokens after the last of the 3 tokens fed
+        assert rows[method]["stored_end"] == 40 * per_token and rows[method]["matched"]
+    assert rows["snapkv"]["budget"] == 37 and rows["full"]["stored_end"] == 123 * per_token
 
 
 def test_prompt_sources(assets):
     from anchormass.errors import ConfigError
-    from anchormass.eval.baselines import prompt_source
+    from anchormass.eval.prompt_sources import prompt_source
     from anchormass.eval.suite import EvalContext
 
     data_dir, tok = assets
@@ -178,3 +195,36 @@ def test_prompt_sources(assets):
         src.prompt(500, seed=0, vocab=10)
     ctx.tokenizer = tok
     assert len(prompt_source(None, ctx, "hitrate").prompt(90, seed=1, vocab=10)) == 90
+
+
+def test_stored_bytes_agree_with_the_independent_accounting(tiny_models):
+    """cache.stored_nbytes counts what the design says a session keeps, not its buffers; the
+    AnchorMass prefill headroom is given back at the end of the prefill."""
+    from anchormass.cache import new_cache
+    from anchormass.inference.generate import decode
+    from anchormass.models.accounting import kv_bytes_session
+
+    std, am = tiny_models
+    ids = torch.randint(0, 1000, (1, 333), generator=torch.Generator().manual_seed(2))
+    for model in (std, am):
+        cache = new_cache(model, budget=8 if model is am else None)
+        with torch.no_grad():
+            for part in (ids[:, :256], ids[:, 256:]):  # two prefill chunks
+                model(part, cache=cache)
+            prefill_end = cache.nbytes
+            cache.end_prefill()
+        for step in range(2):
+            n = cache.seen_tokens
+            if model is am:
+                want = sum(kv_bytes_session(am.cfg.replace(n_layers=1), n, budget=int(layer.counts.max()),
+                                            dtype=torch.float32) for layer in cache.layers)
+                assert all(int(layer.counts.max()) <= 8 for layer in cache.layers)
+            else:
+                want = kv_bytes_session(std.cfg, n, dtype=torch.float32)
+            assert cache.stored_nbytes == want < cache.nbytes
+            with torch.no_grad():
+                decode(model, cache, model(ids[:, -1:], cache=cache)[:, -1], 20)
+        if model is am:
+            # budget + one block's slots of capacity, not budget + a prefill chunk's
+            assert cache.nbytes < prefill_end
+            assert all(layer.capacity == 8 + am.cfg.slots_per_block for layer in cache.layers)

@@ -173,3 +173,62 @@ def test_checkpoint_trained_with_another_tokenizer_is_refused(assets, tmp_path):
     m = EvalModel("m", None, None, "x", {"tokenizer_checksum": "f" * 64})
     with pytest.raises(CheckpointError, match="not the one model 'm' was trained with"):
         load_tokenizer(assets / "tok.model", [m])
+
+
+def test_full_preset_main_passkey_table_counts_only_the_main_grid(assets, tmp_path):
+    """eval=full runs its robustness trials (more seeds) at a main length: the main table of that
+    length must still hold depths x seeds trials, the robustness table its own."""
+    cfg = compose_cfg("eval=full", "suite=passkey", "model=anchormass_tiny", f"model.vocab_size={VOCAB}",
+                      "eval.passkey.lengths=[160,320]", "eval.passkey.depths=[0.1,0.9]", "eval.passkey.seeds=[0]",
+                      "eval.passkey.max_new_tokens=2", "eval.passkey.batch_size=4",
+                      "eval.passkey.robustness.length=160", "eval.passkey.robustness.seeds=[0,1,2]",
+                      "eval.passkey.robustness.phrasings=[plain,memo]", *common(assets, tmp_path / "run"))
+    res = json.loads((run_evaluation(cfg) / "results.json").read_text())["suites"]["passkey"]
+    per_length = res["by_length"]["anchormass_tiny"]
+    assert {L: c["n"] for L, c in per_length.items()} == {"160": 2, "320": 2}
+    assert res["heatmap_n"]["anchormass_tiny"] == [[1, 1], [1, 1]]  # length x depth
+    assert {p: c["n"] for p, c in res["robustness"]["by_phrasing"]["anchormass_tiny"].items()} == {"plain": 6, "memo": 6}
+
+
+def test_results_carry_provenance_checkpoint_hash_versions_and_git_state(assets, tmp_path):
+    import hashlib
+
+    import torch
+
+    from anchormass.models import build_model
+    from anchormass.models.config import load_model_config
+    from anchormass.training.checkpoint import STATE_PREFIX
+
+    cfg = load_model_config("anchormass_tiny").replace(vocab_size=VOCAB)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    ckpt = tmp_path / "a.ckpt"
+    torch.save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_config": cfg.to_dict()}}, ckpt)
+    out = run_evaluation(compose_cfg("suite=ppl", f"ckpt={ckpt}", "eval.ppl.contexts=[0]", "eval.ppl.n_anchors=2",
+                                     *common(assets, tmp_path / "run")))
+    res = json.loads((out / "results.json").read_text())
+    assert res["models"][0]["sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    assert set(res["versions"]) == {"python", "torch", "lightning", "numpy", "scipy"}
+    assert res["versions"]["torch"] == torch.__version__.split("+")[0] or res["versions"]["torch"] == torch.__version__
+    assert set(res["git"]) == {"commit", "dirty", "modified", "untracked_source"}
+    assert res["git_commit"].startswith(res["git"]["commit"])
+    assert res["models"][0]["sha256"][:16] in (out / "report.md").read_text()
+
+
+def test_an_untracked_source_file_makes_the_tree_dirty(tmp_path):
+    import subprocess
+
+    from anchormass.utils import git_commit, git_state
+
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["-C", str(tmp_path), "add", "a.py"], check=True)
+    subprocess.run(git + ["-C", str(tmp_path), "commit", "-qm", "a"], check=True)
+    assert git_state(tmp_path)["dirty"] is False and not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "notes.md").write_text("scratch\n")  # not code: stays clean
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "b.py").write_text("y = 2\n")
+    state = git_state(tmp_path)
+    assert state["dirty"] is True and state["untracked_source"] == ["b.py"] and git_commit(tmp_path).endswith("-dirty")

@@ -43,7 +43,7 @@ def _ctx(models, tmp_path, n=3000, vocab=50):
 
 def test_same_targets_scored_at_every_context_length(tmp_path):
     cfg = load_model_config("standard_tiny").replace(vocab_size=50)
-    m = EvalModel("bigram", Bigram(), cfg, "test", {"_max_context": None})
+    m = EvalModel("bigram", Bigram(), cfg, "test")
     ctx = _ctx([m], tmp_path)
     suite = PplSuite({"contexts": [0, 100, 500], "target_len": 64, "n_anchors": 5, "batch_size": 2})
     suite.check(ctx)
@@ -85,7 +85,7 @@ class OomAbove(Bigram):
 
 def test_oom_at_a_length_is_a_recorded_result(tmp_path):
     cfg = load_model_config("standard_tiny").replace(vocab_size=50)
-    m = EvalModel("oomy", OomAbove(200), cfg, "test", {"_max_context": None})
+    m = EvalModel("oomy", OomAbove(200), cfg, "test")
     ctx = _ctx([m], tmp_path)
     suite = PplSuite({"contexts": [0, 300], "target_len": 64, "n_anchors": 3})
     suite.check(ctx)
@@ -93,3 +93,34 @@ def test_oom_at_a_length_is_a_recorded_result(tmp_path):
     rows = {r["context"]: r for r in res["rows"]}
     assert rows[0]["oomy"]["ppl"] > 1 and rows[300]["oomy"] == "OOM"
     assert "OOM" in suite.report(res)
+
+
+def test_holm_counts_only_the_lengths_both_models_finished(tmp_path):
+    cfg = load_model_config("standard_tiny").replace(vocab_size=50)
+    models = [EvalModel("ok", Bigram(), cfg, "test"),
+              EvalModel("oomy", OomAbove(200), cfg, "test")]
+    ctx = _ctx(models, tmp_path)
+    suite = PplSuite({"contexts": [0, 100, 300], "target_len": 64, "n_anchors": 6})
+    suite.check(ctx)
+    res = suite.run(ctx)
+    assert res["holm"] == {"m": 2, "contexts": [0, 100], "excluded_oom": [300]}
+    rows = {r["context"]: r for r in res["rows"]}
+    assert rows[0]["test"]["holm_m"] == 2 and "test" not in rows[300]
+    assert "m = 2 lengths" in suite.report(res)
+
+
+def test_cached_mode_applies_snapkv_at_the_end_of_the_context():
+    """SnapKV compresses when the prefill ends; cached scoring must end it at the context, or
+    the policy silently scores the full cache."""
+    from anchormass.cache.kv_policies import SnapKV
+
+    torch.manual_seed(0)
+    model = build_model(load_model_config("standard_tiny").replace(vocab_size=64)).eval()
+    ids = torch.randint(0, 64, (2, 200))
+    with torch.no_grad():
+        full = cached_target_logprobs(model, ids, 150, chunk=64)
+        snap = cached_target_logprobs(model, ids, 150, chunk=64, policy=SnapKV(window=8), budget=32)
+        roomy = cached_target_logprobs(model, ids, 150, chunk=64, policy=SnapKV(window=8), budget=400)
+    assert full.shape == snap.shape == (2, 49)
+    assert (full - snap).abs().max().item() > 1e-3  # the compressed context changes the scores
+    torch.testing.assert_close(roomy, full, atol=1e-5, rtol=0)  # a budget that keeps everything changes nothing

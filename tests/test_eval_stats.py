@@ -55,3 +55,37 @@ def test_mcnemar_known_value():
     assert (res["b"], res["c"]) == (30, 15)
     assert res["p"] == pytest.approx(0.035698, abs=5e-7)
     assert mcnemar_p(0, 0) == 1.0
+
+
+def _brute_force_sign_flip_p(d):
+    """Two-sided p of W+ over every one of the 2^n sign assignments, midranks for ties."""
+    import itertools
+
+    from scipy.stats import rankdata
+
+    d = np.asarray([x for x in d if x != 0], dtype=float)
+    r = rankdata(np.abs(d))
+    mean, obs = r.sum() / 2, r[d > 0].sum()
+    flips = list(itertools.product([0.0, 1.0], repeat=d.size))
+    return sum(abs(r @ np.array(s) - mean) >= abs(obs - mean) - 1e-9 for s in flips) / len(flips)
+
+
+@pytest.mark.parametrize("d", [[1, 1, 2, 2, 2, -3, 4, 4, 5, -1], [0.5, 0.5, -0.5, 0.25, 0.25, 0.75, 0.75, 1.0, 0]])
+def test_wilcoxon_with_tied_differences_is_the_exact_permutation_p(d):
+    from anchormass.eval.stats import wilcoxon_signed_rank
+
+    p, method = wilcoxon_signed_rank(d)
+    assert method == "permutation"
+    assert p == pytest.approx(_brute_force_sign_flip_p(d), abs=1e-12)
+    assert wilcoxon_exact(d) == pytest.approx(p, abs=1e-12)
+
+
+def test_wilcoxon_without_ties_stays_scipy_exact_and_rows_say_which_method():
+    from anchormass.eval.stats import wilcoxon_signed_rank
+
+    d = _diffs(loss_rank=4)
+    p, method = wilcoxon_signed_rank(d)
+    assert method == "exact" and p == pytest.approx(_brute_force_sign_flip_p(d), abs=1e-12)
+    rows = paired_nll_by_length({1: [3.0] * 4 + [3.1] * 6, 2: list(3.0 + d)}, {1: [3.05] * 10, 2: [3.0] * 10})
+    assert rows[1]["wilcoxon_method"] == "permutation" and rows[2]["wilcoxon_method"] == "exact"
+    assert rows[1]["holm_m"] == rows[2]["holm_m"] == 2

@@ -14,7 +14,8 @@ copies and no per-step masks. The slot region starts at the slots one prefill ch
 (`headroom`) and doubles when the stored slots outgrow it, so `nbytes` follows what is stored
 (within 2x); once a doubling would reach the budget it jumps to its final size budget +
 headroom, which stage 2 keeps the store within, so from then on `nbytes` is constant. Only a
-chunk longer than `cfg.prefill_chunk` can grow it further (again by doubling). A doubling
+chunk longer than `cfg.prefill_chunk` can grow it further (again by doubling). `end_prefill`
+gives the prefill headroom back: decoding needs budget + one block's slots. A doubling
 copies the buffer once: O(stored) per growth, never a per-token cat.
 
 A chunk's queries see the cache as it stood at the start of the chunk plus the chunk's own
@@ -377,15 +378,34 @@ class AnchorMassLayerCache(LayerCache):
         self.max_count = int(self.counts.max())
 
     def end_prefill(self) -> None:
-        """Drop the prefill stage rows (see `_ensure_stage`) and the shared chunk scratch."""
+        """Drop the prefill stage rows (see `_ensure_stage`), the shared chunk scratch and the slot
+        headroom kept for prefill chunks: a decode step adds at most one block's slots before
+        stage 2 runs, so budget + slots_per_block suffices (a later long chunk grows it again)."""
         self.scratch.clear()
         self._drop_stage()
+        keep = self.budget + self.cfg.slots_per_block
+        if self.capacity > keep:
+            rows = self.slot0 + keep
+            self.glob_k = self.glob_k[:, :, :rows].clone()
+            self.glob_v = self.glob_v[:, :, :rows].clone()
+            self.mass = self.mass[:, :rows].clone()
 
     def _drop_stage(self) -> None:
         if self.glob_k is not None and self.glob_k.shape[2] > self.slot0 + self.capacity:
             rows = self.slot0 + self.capacity
             self.glob_k = self.glob_k[:, :, :rows].clone()
             self.glob_v = self.glob_v[:, :, :rows].clone()
+
+    def stored_nbytes(self) -> int:
+        """The filled local-ring rows; over the global heads the present sinks and tail tokens
+        and the stored slots, each slot with its fp32 mass; summed over the sequences."""
+        if self.mass is None:
+            return 0
+        cfg, el = self.cfg, self.glob_k.element_size()
+        local = 2 * self.batch_size * cfg.n_local_heads * min(self.n_seen, cfg.window) * cfg.head_dim * el
+        raw = int((self.mass[:, :self.slot0] > 0).sum())  # sinks + tail (mass 1 while present)
+        slots = int(self.counts.sum())
+        return local + (raw + slots) * 2 * cfg.n_global_heads * cfg.head_dim * el + slots * self.mass.element_size()
 
     def stats(self) -> dict[str, list]:
         """Per sequence: 'slots' stored, 'mass' represented (sinks + slots + tail)."""

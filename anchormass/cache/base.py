@@ -24,6 +24,10 @@ class LayerCache:
         """Every tensor this layer holds (for measured byte accounting)."""
         raise NotImplementedError
 
+    def stored_nbytes(self) -> int:
+        """Bytes of what this layer keeps for later tokens (see KVCache.stored_nbytes)."""
+        raise NotImplementedError
+
     def after_forward(self) -> None:
         """Called once per model forward, after every layer attended (e.g. stage 2 runs here)."""
 
@@ -70,6 +74,14 @@ class KVCache:
                 seen.add(key)
                 total += t.numel() * t.element_size()
         return total
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Measured: the bytes of the keys, values and masses the cache keeps (all layers and
+        sequences), whatever buffers hold them. `nbytes` is what is allocated; the two differ by
+        spare capacity and per-token bookkeeping (positions, H2O scores), which are not stored KV.
+        Equal-memory comparisons match methods on this figure (docs/method.md §6)."""
+        return sum(layer.stored_nbytes() for layer in self.layers)
 
     def stats(self) -> dict:
         """'tokens': tokens seen; 'slots' and 'mass' as [layer][sequence] lists, whatever the batch

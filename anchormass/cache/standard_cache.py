@@ -177,6 +177,12 @@ class StandardLayerCache(LayerCache):
         yield from self.aux.values()
         yield from self.state.values()
 
+    def stored_nbytes(self) -> int:
+        """K and V of the `length` tokens kept per head and sequence."""
+        if self.k is None:
+            return 0
+        return 2 * self.batch_size * self.n_heads * self.length * self.head_dim * self.k.element_size()
+
     def stats(self) -> dict[str, list[int]]:
         """Per sequence (every sequence keeps the same number of tokens): 'slots', 'mass'."""
         return {"slots": [self.length] * self.batch_size, "mass": [self.length] * self.batch_size}

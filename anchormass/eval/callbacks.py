@@ -61,7 +61,7 @@ class EvalCallback(Callback):
         hp = dict(pl_module.hparams)
         limit = None if self.max_extrapolation is None else int(self.max_extrapolation * model.cfg.original_max_len)
         em = EvalModel(label=model.cfg.name, model=model, config=model.cfg, source=f"training step {step}",
-                       hparams={**hp, "_max_context": limit})
+                       hparams=hp, max_context=limit)
         cfg = {"suite": self.suites, "eval": self.eval_cfg, "data_dir": self.data_dir,
                "tokenizer": self.tokenizer or hp.get("tokenizer_path"), "progress": False,
                "out_dir": str(self.out_root / f"step{step:07d}"), "overwrite": True, "seed": 0}

@@ -20,11 +20,14 @@ import torch
 
 from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import SnapKV, attention_probs
+from anchormass.cache.kv_policies.snapkv import QUERY_STATE
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
-from anchormass.eval.baselines import greedy, needs_standard, prefill, prompt_source
 from anchormass.eval.common import progress
+from anchormass.eval.prompt_sources import prompt_source
+from anchormass.eval.sessions import needs_standard
 from anchormass.eval.suite import EvalContext, Suite
+from anchormass.inference import generate
 
 
 @dataclass
@@ -36,7 +39,7 @@ class HitRateProbe(SnapKV):
     threshold: float = 0.05
 
     def end_prefill(self, layer) -> None:
-        q_obs = layer.state.pop("snapkv_q", None)
+        q_obs = layer.state.pop(QUERY_STATE, None)
         length = layer.length
         prefix = length - self.window
         if q_obs is None or prefix <= 0:
@@ -69,8 +72,8 @@ class HitRateProbe(SnapKV):
 def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch of prompts [B, P]: (hits, important), each [layers, heads] summed over the batch."""
     cache = new_cache(model, batch_size=ids.shape[0], policy=probe)
-    logits = prefill(model, ids, cache, chunk)
-    greedy(model, cache, logits, new_tokens)
+    logits = generate.prefill(model, ids, cache, chunk).float()
+    generate.decode(model, cache, logits, new_tokens)
     if "hit_hits" not in cache.layers[0].state:
         raise ConfigError(f"hitrate: prompts of {ids.shape[1]} tokens leave no prefix before the "
                           f"{probe.window}-token observation window")
@@ -86,19 +89,32 @@ class HitRateSuite(Suite):
         return needs_standard(ctx, "the SnapKV hit rate is measured")
 
     def check(self, ctx: EvalContext) -> None:
-        self.probe = HitRateProbe(window=int(self.opt("window", 32)), kernel=int(self.opt("kernel", 7)),
-                                  pooling=str(self.opt("pooling", "max")),
-                                  threshold=float(self.opt("threshold", 0.05))).bind(int(self.opt("budget", 256)))
-        self.lengths = [int(x) for x in self.opt("lengths", [512])]
+        probe = HitRateProbe(window=int(self.opt("window", 32)), kernel=int(self.opt("kernel", 7)),
+                             pooling=str(self.opt("pooling", "max")), threshold=float(self.opt("threshold", 0.05)))
+        self.lengths = [int(x) for x in self.opt("lengths", [2048])]
         self.n_prompts = int(self.opt("n_prompts", 3))
         self.new_tokens = int(self.opt("new_tokens", 16))
         if self.n_prompts < 1 or self.new_tokens < 1:
             raise ConfigError("hitrate: n_prompts and new_tokens must be >= 1")
+        # A budget near the prompt length keeps most of the prefix whatever the vote says (at 256
+        # of 512 a random pick already hits ~47%): by default it is a small share of each prompt,
+        # as in SnapKV's own setting, so the vote has to choose.
+        fraction = float(self.opt("budget_fraction", 0.1))
+        if not 0 < fraction < 1:
+            raise ConfigError(f"hitrate: budget_fraction must be in (0, 1), got {fraction}")
+        self.probes = {}
         for length in self.lengths:
-            if length <= self.probe.window:
-                raise ConfigError(f"hitrate: length {length} must exceed the observation window ({self.probe.window})")
+            if length <= probe.window:
+                raise ConfigError(f"hitrate: length {length} must exceed the observation window ({probe.window})")
             ctx.check_length(self.name, length)
+            budget = self.opt("budget") or max(probe.window + 1, round(fraction * length))
+            self.probes[length] = probe.bind(int(budget))
         self.source = prompt_source(self.opt("prompts"), ctx, self.name, self.opt("data"))
+
+    def chance(self, length: int) -> float:
+        """Expected hit rate of a selection of the same size drawn at random from the prefix."""
+        probe = self.probes[length]
+        return min(1.0, (probe.budget - probe.window) / (length - probe.window))
 
     def run(self, ctx: EvalContext) -> dict:
         per_model = {}
@@ -106,58 +122,66 @@ class HitRateSuite(Suite):
         for m in ctx.models:
             if m.arch != "standard":
                 continue
-            hits = important = 0
+            hits = important = expected = 0
             cells = [(length, i) for length in self.lengths for i in range(self.n_prompts)]
             for length, i in progress(cells, ctx.progress, f"hitrate {m.label}"):
                 ids = self.source.prompt(length, seed=ctx.seed + i, vocab=m.config.vocab_size).to(ctx.device)
-                h, n = hit_counts(m.model, ids[None], self.probe, self.new_tokens, m.config.prefill_chunk)
+                h, n = hit_counts(m.model, ids[None], self.probes[length], self.new_tokens, m.config.prefill_chunk)
                 hits, important = hits + h, important + n
+                expected = expected + n * self.chance(length)  # a random vote's hits on the same positions
                 items.append({"model": m.label, "length": length, "prompt": i, "hits": h.tolist(),
                               "important": n.tolist()})
             rate = np.where(important > 0, hits / np.maximum(important, 1), np.nan)  # [layers, heads]
+            chance = np.where(important > 0, expected / np.maximum(important, 1), np.nan)
             # Pooled over layers and heads, per prompt length (how the vote holds up as the prefix grows).
             by_length = {}
             for length in self.lengths:
                 cell = [it for it in items if it["model"] == m.label and it["length"] == length]
                 h = sum(np.sum(it["hits"]) for it in cell)
                 n = sum(np.sum(it["important"]) for it in cell)
-                by_length[length] = {"hits": int(h), "important": int(n)}
-            per_model[m.label] = {"hit_rate": [[None if np.isnan(x) else float(x) for x in row] for row in rate],
+                by_length[length] = {"hits": int(h), "important": int(n), "chance": self.chance(length)}
+            per_model[m.label] = {"hit_rate": _nullable(rate), "chance": _nullable(chance),
                                   "hits": hits.tolist(), "important": important.tolist(), "by_length": by_length}
         summary = {}
         for lab, r in per_model.items():
             summary.update({f"{lab}/{k}": v for k, v in overview(np.array(r["hit_rate"], dtype=float)).items()
                             if v is not None})
-        return {"settings": {**{k: getattr(self.probe, k) for k in ("window", "kernel", "pooling", "budget",
-                                                                      "threshold")},
+            chance = _mean(np.array(r["chance"], dtype=float))
+            if not np.isnan(chance):
+                summary[f"{lab}/chance_mean"] = chance
+        first = self.probes[self.lengths[0]]
+        return {"settings": {**{k: getattr(first, k) for k in ("window", "kernel", "pooling", "threshold")},
+                             "budget": {n: p.budget for n, p in self.probes.items()},
                              "lengths": self.lengths, "n_prompts": self.n_prompts, "new_tokens": self.new_tokens,
                              "prompts": self.source.describe(),
                              # What a vote picking prefix positions at random would score, per length.
-                             "chance": {n: min(1.0, (self.probe.budget - self.probe.window) / (n - self.probe.window))
-                                        for n in self.lengths}},
+                             "chance": {n: self.chance(n) for n in self.lengths}},
                 "models": per_model, "summary": summary, "items": items}
 
     def report(self, result: dict) -> str:
         s = result["settings"]
+        budgets = ", ".join(f"{int(b)} of {int(n):,}" for n, b in s["budget"].items())
         out = ["## SnapKV hit rate\n",
                f"Share of prefix positions with attention > {s['threshold']} (generated tokens) that the "
                f"observation-window vote selected: window {s['window']}, {s['pooling']}-pool kernel {s['kernel']}, "
-               f"budget {s['budget']} tokens per head; prompts: {s['prompts']}, lengths {s['lengths']}, "
+               f"budget per head {budgets} tokens; prompts: {s['prompts']}, lengths {s['lengths']}, "
                f"{s['n_prompts']} per length, {s['new_tokens']} greedy tokens each. Cells: hit rate "
-               f"(selected / important positions, summed over generated tokens and prompts). A random "
-               f"selection of the same size would score {_chance(s)}.\n"]
+               f"(selected / important positions, summed over generated tokens and prompts), then in brackets "
+               f"the random baseline: what a selection of the same size drawn at random would hit on the "
+               f"same important positions ({_chance(s)} per length).\n"]
         for lab, r in result["models"].items():
-            rate = np.array(r["hit_rate"], dtype=float)
+            rate, chance = np.array(r["hit_rate"], dtype=float), np.array(r["chance"], dtype=float)
             head = ["layer"] + [f"head {h}" for h in range(rate.shape[1])] + ["mean"]
             hits, important = np.array(r["hits"]), np.array(r["important"])
-            rows = [[str(layer)] + [tables.pct(int(h), int(n)) for h, n in zip(hits[layer], important[layer])]
-                    + [_pct(_mean(row))] for layer, row in enumerate(rate)]
+            rows = [[str(layer)] + [f"{tables.pct(int(h), int(n))} ({_pct(c)})"
+                                    for h, n, c in zip(hits[layer], important[layer], chance[layer])]
+                    + [f"{_pct(_mean(row))} ({_pct(_mean(chance[layer]))})"] for layer, row in enumerate(rate)]
             o = overview(rate)
             tail = ("no generated token put more than the threshold on any prefix position (attention too flat)"
                     if o["hit_rate_mean"] is None else
-                    f"mean {_pct(o['hit_rate_mean'])}, min {_pct(o['hit_rate_min'])}, "
+                    f"mean {_pct(o['hit_rate_mean'])} (random {_pct(_mean(chance))}), min {_pct(o['hit_rate_min'])}, "
                     f"heads above 80%: {o['heads_over_80pct']:.0%} of the heads with any important position")
-            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])}"
+            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])} (random {_pct(c['chance'])})"
                                 for n, c in r.get("by_length", {}).items())
             out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}. Pooled over layers and heads, "
                        f"by prompt length: {per_len}.\n")
@@ -166,6 +190,10 @@ class HitRateSuite(Suite):
     def plots(self, result: dict, out_dir: Path) -> list[str]:
         return [heatmap(lab, np.array(r["hit_rate"], dtype=float), out_dir / f"hitrate_{lab}.png")
                 for lab, r in result["models"].items()]
+
+
+def _nullable(x: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(v) else float(v) for v in row] for row in x]
 
 
 def _pct(x: float) -> str:

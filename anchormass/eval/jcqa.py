@@ -1,7 +1,10 @@
-"""(e) JCommonsenseQA (SPEC 6 e): summed log-likelihood per choice, acc and acc_norm.
+"""(e) JCommonsenseQA (docs/method.md §6 e): summed log-likelihood per choice, acc and acc_norm.
 
-Each choice's text is tokenised on its own and appended to the tokenised prompt (so every
-choice follows the identical prompt tokens); its score is the summed log-probability of its
+Each (prompt, continuation) pair is tokenised as lm-evaluation-harness does: whitespace ending
+the prompt moves to the continuation, prompt + continuation is tokenised as one text, and the
+continuation is the tokens past the prompt's own token count. So a continuation's tokens are
+those it has inside the full text (SentencePiece adds no word-start "▁" of its own before a
+choice that follows the prompt directly). Its score is the summed log-probability of those
 tokens. acc picks the highest sum; acc_norm the highest sum / character length of the choice.
 Two models: exact McNemar on the per-question correctness vectors.
 """
@@ -11,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import fmt_p, gather_logprobs, progress
-from anchormass.eval.jcqa_data import TEMPLATE, build_prompt, load_split, pick_shots
+from anchormass.eval.jcqa_data import build_prompt, continuations, load_split, resolve_template, shots_per_question
 from anchormass.eval.stats import mcnemar_exact
 from anchormass.eval.suite import EvalContext, Suite
 
@@ -42,21 +44,35 @@ def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, 
     return torch.zeros(len(seqs), device=device, dtype=lp.dtype).index_add_(0, rows_t, lp).tolist()
 
 
-def score_questions(model, tokenizer, questions: list[dict], shots: list[dict], template: dict, *,
+def encode_pair(tokenizer, context: str, continuation: str, head: list[int]) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids): the continuation is split off the joint tokenisation at
+    the context's token count; `head` (e.g. bos) precedes the context."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    ctx_ids = tokenizer.encode(context)
+    whole = tokenizer.encode(context + continuation)
+    return head + ctx_ids, whole[len(ctx_ids):]
+
+
+def score_questions(model, tokenizer, questions: list[dict], shots: list[list[dict]], template: dict, *,
                     device, batch_questions: int = 4, bos: bool = False, show: bool = False,
                     desc: str = "jcqa") -> list[dict]:
-    """Per question: choice log-likelihoods, predictions (acc / acc_norm) and correctness."""
+    """Per question (shots[i]: the solved examples before questions[i]): choice log-likelihoods,
+    predictions (acc / acc_norm) and correctness."""
     out = []
     head = [tokenizer.bos_id] if bos else []
-    batches = [questions[i:i + batch_questions] for i in range(0, len(questions), batch_questions)]
+    order = list(range(len(questions)))
+    batches = [order[i:i + batch_questions] for i in range(0, len(order), batch_questions)]
     for batch in progress(batches, show, desc):
         seqs = []
-        for q in batch:
-            ctx_ids = head + tokenizer.encode(build_prompt(template, shots, q))
-            seqs += [(ctx_ids, tokenizer.encode(ch)) for ch in q["choices"]]
+        for i in batch:
+            prompt = build_prompt(template, shots[i], questions[i])
+            seqs += [encode_pair(tokenizer, prompt, cont, head) for cont in continuations(template, questions[i])]
         lls = choice_logliks(model, seqs, tokenizer.pad_id, device)
         k = 0
-        for q in batch:
+        for i in batch:
+            q = questions[i]
             ll = lls[k:k + len(q["choices"])]
             k += len(q["choices"])
             norm = [v / max(1, len(ch)) for v, ch in zip(ll, q["choices"])]
@@ -77,22 +93,20 @@ class JcqaSuite(Suite):
 
     def check(self, ctx: EvalContext) -> None:
         super().check(ctx)
-        self.template = {**TEMPLATE, **(self.opt("template") or {})}
-        for key in ("shot", "query", "choices_sep"):
-            if not isinstance(self.template.get(key), str):
-                raise ConfigError(f"jcqa.template.{key} must be a string")
+        self.template = resolve_template(self.opt("template") or "simple")
         self.questions, src = load_split(self.cfg, "validation")
         ctx.record_data("jcqa_valid", src)
         if self.opt("limit"):
             self.questions = self.questions[: int(self.opt("limit"))]
         n_shots = int(self.opt("n_shots", 3))
-        self.shots = []
+        train = []
         if n_shots:
             train, tsrc = load_split(self.cfg, "train")
             ctx.record_data("jcqa_train", tsrc)
-            self.shots = pick_shots(train, n_shots, int(self.opt("shot_seed", 1234)))
-        longest = max(len(ctx.tokenizer.encode(build_prompt(self.template, self.shots, q))) + 64
-                      for q in self.questions[:50])
+        self.shots = shots_per_question(train, len(self.questions), n_shots, int(self.opt("shot_seed", 1234)),
+                                        self.template["shot_sampling"])
+        longest = max(len(ctx.tokenizer.encode(build_prompt(self.template, shots, q))) + 64
+                      for q, shots in zip(self.questions[:50], self.shots))
         ctx.check_length("jcqa", longest)
 
     def run(self, ctx: EvalContext) -> dict:
@@ -110,8 +124,11 @@ class JcqaSuite(Suite):
                          "correct_norm": sum(r["correct_norm"] for r in res)}
             summary[f"{lab}/acc"] = rows[lab]["correct"] / n
             summary[f"{lab}/acc_norm"] = rows[lab]["correct_norm"] / n
-        out = {"labels": labels, "n_questions": len(self.questions), "n_shots": len(self.shots),
-               "shot_ids": [s["q_id"] for s in self.shots], "template": self.template, "rows": rows,
+        shot_ids = [[s["q_id"] for s in shots] for shots in self.shots]
+        out = {"labels": labels, "n_questions": len(self.questions), "n_shots": len(self.shots[0]),
+               "shot_sampling": self.template["shot_sampling"],
+               "shot_ids": shot_ids[0] if self.template["shot_sampling"] == "fixed" else shot_ids,
+               "template": self.template, "rows": rows,
                "correct": {lab: [r["correct"] for r in res] for lab, res in per_model.items()},
                "items": [{"model": lab, **r} for lab, res in per_model.items() for r in res], "summary": summary}
         if ctx.paired:
@@ -134,6 +151,9 @@ class JcqaSuite(Suite):
                 t = result[test]
                 cells += [f"{100 * (rb[key] - ra[key]) / ra['n']:+.2f}pt", f"p = {fmt_p(t['p'])} (b={t['b']}, c={t['c']})"]
             body.append(cells)
+        shots = (f"train q_ids {result['shot_ids']} before every question" if result["shot_sampling"] == "fixed"
+                 else "shots drawn per question, in order, from one generator seeded with shot_seed")
         return (f"## JCommonsenseQA\n\n{tables.markdown(head, body)}\n{result['n_questions']:,} questions, "
-                f"{result['n_shots']}-shot (train q_ids {result['shot_ids']}); score = summed log-likelihood "
-                "of the choice text; acc_norm divides by the choice's character length.\n")
+                f"{result['n_shots']}-shot ({shots}); score = summed log-likelihood of the continuation's tokens, "
+                "split off the joint tokenisation of prompt + continuation; acc_norm divides by the choice's "
+                "character length.\n")

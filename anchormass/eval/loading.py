@@ -55,6 +55,7 @@ def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: to
         config = ModelConfig.from_dict(hparams["model_config"])
         source = str(path.resolve())
         label = config.name
+        digest = sha256_file(path)
     elif preset:
         from anchormass.models import build_model
         from anchormass.models.config import load_model_config
@@ -65,10 +66,11 @@ def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: to
         hparams = {}
         source = f"random-init:{config.name}"
         label = config.name
+        digest = None
     else:
         return None
     model.to(device=device, dtype=dtype).eval()
-    return EvalModel(label=label, model=model, config=config, source=source, hparams=dict(hparams))
+    return EvalModel(label=label, model=model, config=config, source=source, hparams=dict(hparams), sha256=digest)
 
 
 def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[EvalModel]:
@@ -82,7 +84,7 @@ def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[Eva
         a.label, b.label = f"{a.label} (A)", f"{b.label} (B)"
     factor = (cfg.get("limits") or {}).get("max_extrapolation")
     for m in models:
-        m.hparams["_max_context"] = None if factor is None else int(factor * m.config.original_max_len)
+        m.max_context = None if factor is None else int(factor * m.config.original_max_len)
     return models
 
 

@@ -123,7 +123,10 @@ class PasskeySuite(Suite):
                                   budget=self.opt("budget"), chunk=self.opt("chunk"))
         labels = [m.label for m in ctx.models]
         main_phr = self.opt("phrasing", "plain")
-        main = [r for r in records if r["phrasing"] == main_phr and r["length"] in self.lengths]
+        # Exactly the main grid: robustness trials at a main length (more seeds) stay out of it.
+        depths, seeds = set(self.depths), set(self.seeds)
+        main = [r for r in records if r["phrasing"] == main_phr and r["length"] in self.lengths
+                and r["depth"] in depths and r["seed"] in seeds]
         by_length = {lab: {L: tally([r for r in main if r["model"] == lab and r["length"] == L])
                            for L in self.lengths} for lab in labels}
         heatmap = {lab: [[tally([r for r in main if r["model"] == lab and r["length"] == L and r["depth"] == d])
@@ -132,7 +135,9 @@ class PasskeySuite(Suite):
                      for lab, grid in heatmap.items()}
         out = {"labels": labels, "lengths": self.lengths, "depths": self.depths, "seeds": self.seeds,
                "filler": self.hay.filler, "lang": self.hay.lang, "phrasing": main_phr,
-               "by_length": by_length, "heatmap": heat_rate, "items": records}
+               "by_length": by_length, "heatmap": heat_rate,
+               "heatmap_n": {lab: [[c["n"] for c in row] for row in grid] for lab, grid in heatmap.items()},
+               "items": records}
         if self.rob_length:
             rob_seeds = set((self.opt("robustness") or {}).get("seeds", self.seeds))
             rob = [r for r in records if r["length"] == self.rob_length and r["phrasing"] in self.rob_phrasings

@@ -10,7 +10,9 @@ each predicted from everything before it. At C = 0 the first window token tok[a]
 so exactly the same 1,023 targets are scored at every C.
 
 mode=parallel runs the model's parallel forward; mode=cached feeds the input through the
-inference cache in chunks (the same path as generation; stage 2 may fire for long inputs).
+inference cache in chunks (the same path as generation; stage 2 may fire for long inputs): the
+context is the prompt and ends the prefill, so a Standard KV policy (SnapKV compresses there)
+acts as it would before generation.
 """
 
 from __future__ import annotations
@@ -21,21 +23,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anchormass.cache import new_cache
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import plots, tables
 from anchormass.eval.common import (
     OOM,
     fmt_p,
     free_memory,
-    gather_logprobs,
     is_oom,
     progress,
     target_logprobs,
 )
 from anchormass.eval.stats import paired_nll_by_length
+from anchormass.eval.sessions import session_logprobs
 from anchormass.eval.suite import EvalContext, Suite
-from anchormass.models.rope import ntk_base
 
 
 def draw_anchors(n_tokens: int, lo: int, target_len: int, n: int, seed: int) -> list[int]:
@@ -50,20 +50,10 @@ def draw_anchors(n_tokens: int, lo: int, target_len: int, n: int, seed: int) -> 
 
 
 def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, policy=None, budget=None) -> torch.Tensor:
-    """As target_logprobs, but through the inference cache chunk by chunk (RoPE base from the
-    whole input length, as a prefill of that prompt would set it)."""
-    B, P = ids.shape
-    cfg = model.cfg
-    cache = new_cache(model, batch_size=B, policy=policy, budget=budget)
-    cache.rope_base = ntk_base(cfg.rope_theta, P, cfg.original_max_len, cfg.head_dim)
-    out = []
-    for s in range(0, P, chunk):
-        e = min(P, s + chunk)
-        hidden = model.forward_hidden(ids[:, s:e], cache=cache)  # [B, e-s, d]
-        lo, hi = max(s, start), min(e, P - 1)  # rows t predicting ids[t+1], t in [start, P-2]
-        if lo < hi:
-            out.append(gather_logprobs(model.lm_head(hidden[:, lo - s:hi - s]), ids[:, lo + 1:hi + 1]))
-    return torch.cat(out, dim=1)
+    """As target_logprobs, but through the inference cache: the context ids[:, :start+1] is the
+    prompt (prefilled in `chunk`s, then the prefill ends, so a policy such as SnapKV compresses
+    it), the targets are fed `chunk` tokens at a time. RoPE base from the whole input length."""
+    return session_logprobs(model, ids, start, chunk, chunk, policy, budget)[0]
 
 
 class PplSuite(Suite):
@@ -155,6 +145,9 @@ class PplSuite(Suite):
             a, b = labels
             ok = [c for c in self.contexts if OOM not in (nll[a][c], nll[b][c])]
             tests = paired_nll_by_length({c: nll[a][c] for c in ok}, {c: nll[b][c] for c in ok})
+            # Holm corrects over the lengths both models finished; say how many that was.
+            out["holm"] = {"m": len(ok), "contexts": ok,
+                           "excluded_oom": [c for c in self.contexts if c not in ok]}
             for row in rows:
                 if row["context"] in tests:
                     row["test"] = tests[row["context"]]
@@ -180,8 +173,12 @@ class PplSuite(Suite):
         note = (f"{len(result['anchors'])} anchors, {result['targets_per_anchor']:,} identical target tokens per anchor "
                 f"at every length (no bos; the first window token is context only); mode: {result['mode']}.")
         if len(labels) == 2:
-            note += (f" Wins: anchors where {labels[1]} has the lower mean NLL; exact two-sided Wilcoxon "
-                     "signed-rank per length, Holm step-down across lengths.")
+            holm_m = result.get("holm", {}).get("m", len(result["rows"]))
+            methods = sorted({r["test"]["wilcoxon_method"] for r in result["rows"] if "test" in r})
+            note += (f" Wins: anchors where {labels[1]} has the lower mean NLL; two-sided Wilcoxon "
+                     f"signed-rank per length ({', '.join(methods) or '-'}: exact null distribution without "
+                     f"tied |d|, sign-flip permutation with ties), Holm step-down across the m = {holm_m} "
+                     "lengths both models finished.")
         return f"## Long-sequence perplexity\n\n{tables.markdown(head, body)}\n{note}\n"
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:

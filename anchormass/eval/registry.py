@@ -1,5 +1,5 @@
-"""Suites by name. Modules are imported lazily so a suite whose file has not landed (or whose
-dependencies are heavy) costs nothing until it is asked for."""
+"""Suites by name. Modules are imported when a suite is asked for, so a suite with heavy
+dependencies costs nothing to a run that does not use it."""
 
 from __future__ import annotations
 
@@ -28,21 +28,7 @@ def suite_class(name: str) -> type[Suite]:
     if name not in SUITES:
         raise ConfigError(f"unknown suite '{name}'; choose one of {', '.join(SUITES)} or 'all'")
     module, cls = SUITES[name].split(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name == module:
-            raise ConfigError(f"suite '{name}' is not available ({module} is missing)") from err
-        raise
-    return getattr(mod, cls)
-
-
-def is_available(name: str) -> bool:
-    try:
-        suite_class(name)
-    except ConfigError:
-        return False
-    return True
+    return getattr(importlib.import_module(module), cls)
 
 
 def make_suite(name: str, cfg: dict | None = None) -> Suite:

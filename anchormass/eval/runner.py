@@ -9,6 +9,8 @@ succeeded, so a failed run leaves no half-written results behind.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
+import platform
 import shutil
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
-from anchormass.utils import atomic_write_json, atomic_write_text, git_commit, sha256_file
+from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sha256_file
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 
@@ -27,13 +29,10 @@ DEFAULT_ALL = ["profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "base
 
 def to_plain(cfg: Any) -> dict:
     """DictConfig (resolved) or mapping -> plain dict."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
     return dict(cfg)
 
 
@@ -71,12 +70,121 @@ def _data_dir(cfg: dict, tok_path: Path | None) -> Path | None:
 
 
 def _model_info(m: EvalModel) -> dict:
-    return {"label": m.label, "arch": m.arch, "source": m.source,
+    return {"label": m.label, "arch": m.arch, "source": m.source, "sha256": m.sha256,
             "n_params": sum(p.numel() for p in m.model.parameters()),
             "config": m.config.to_dict(),
             "max_context": m.max_context,
             "trained_lengths": m.hparams.get("trained_lengths"),
             "data_fingerprint": m.hparams.get("data_fingerprint")}
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the interpreter and of the libraries that shape the numbers."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("torch", "lightning", "numpy", "scipy"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _plain_config(cfg: Any) -> dict:
+    cfg = to_plain(cfg)
+    try:
+        cfg["seed"] = int(cfg.get("seed", 0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"seed must be an integer, got {cfg.get('seed')!r}") from None
+    return cfg
+
+
+def _make_suites(names: list[str], eval_cfg: dict) -> list[Suite]:
+    return [registry.make_suite(name, eval_cfg.get(name)) for name in names]
+
+
+def _tokenizer(cfg: dict, models: list[EvalModel], suites: list[Suite], tokenizer: Any) -> tuple[Any, Path | None]:
+    """The given tokenizer, else the configured / checkpoints' one (required only by suites that read text)."""
+    if tokenizer is not None:
+        return tokenizer, None
+    try:
+        tok_path = tokenizer_path(cfg, models)
+    except DataError:
+        if any(s.needs_tokenizer for s in suites):
+            raise
+        return None, None
+    return (None if tok_path is None else load_tokenizer(tok_path, models)), tok_path
+
+
+def _checked(suites: list[Suite], ctx: EvalContext, is_all: bool, skipped: dict[str, str]) -> list[Suite]:
+    """Suites that apply, each checked (bad input -> one line) before anything runs or is written."""
+    runnable = []
+    for s in suites:
+        reason = s.applies(ctx)
+        if reason:
+            if not is_all:
+                raise ConfigError(f"suite '{s.name}': {reason}")
+            skipped[s.name] = reason
+            continue
+        s.check(ctx)
+        runnable.append(s)
+    return runnable
+
+
+def _run_suites(suites: list[Suite], ctx: EvalContext, plots_dir: Path) -> tuple[dict[str, dict], list[str]]:
+    """Each suite's results and report section, models in eval mode (restored afterwards)."""
+    results: dict[str, dict] = {}
+    sections: list[str] = []
+    was_training = [m.model.training for m in ctx.models]
+    for m in ctx.models:
+        m.model.eval()
+    try:
+        for s in suites:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                res = s.run(ctx)
+            res["runtime_s"] = time.perf_counter() - t0
+            res["plots"] = s.plots(res, plots_dir)
+            results[s.name] = res
+            sections.append(s.report(res) + "".join(f"\n![{p}]({p})\n" for p in res["plots"]))
+    finally:
+        for m, flag in zip(ctx.models, was_training):
+            m.model.train(flag)
+    return results, sections
+
+
+def _metadata(cfg: dict, names: list[str], is_all: bool, ctx: EvalContext, tok_path: Path | None) -> dict:
+    git = git_state()
+    return {
+        "suite": names if not is_all else "all",
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "git_commit": None if git is None else git["commit"] + ("-dirty" if git["dirty"] else ""),
+        "git": git,
+        "versions": versions(),
+        "device": str(ctx.device),
+        "dtype": str(next(ctx.models[0].model.parameters()).dtype).replace("torch.", ""),
+        "models": [_model_info(m) for m in ctx.models],
+        # the checksum of the bytes actually loaded (the file could be rebuilt during a long run)
+        "tokenizer": None if tok_path is None else {"path": str(tok_path.resolve()),
+                                                     "sha256": getattr(ctx.tokenizer, "checksum", None)},
+        "data": ctx.data,
+        "config": cfg,
+    }
+
+
+def _publish(out_dir: Path, write) -> None:
+    """Run `write(staging)` into `.<name>.partial` and rename it into place only when it succeeded."""
+    staging = out_dir.parent / f".{out_dir.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)  # empty, or overwrite=true was given (checked by _out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: Any = None) -> Path:
@@ -86,37 +194,15 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     models / tokenizer: already-built objects (training callbacks pass the live model); when
     None they are loaded from cfg. Returns the output folder.
     """
-    cfg = to_plain(cfg)
-    try:
-        cfg["seed"] = int(cfg.get("seed", 0))
-    except (TypeError, ValueError):
-        raise ConfigError(f"seed must be an integer, got {cfg.get('seed')!r}") from None
+    cfg = _plain_config(cfg)
     names, is_all = suite_list(cfg)
-    eval_cfg = cfg.get("eval") or {}
     device = resolve_device(cfg.get("device"))
     if models is None:
         models = load_models(cfg, device, resolve_dtype(cfg.get("dtype")))
     else:
         device = next(models[0].model.parameters()).device
-
-    # Instantiate suites; under 'all' a missing module or a suite that does not apply is skipped.
-    suites: list[Suite] = []
-    skipped: dict[str, str] = {}
-    for name in names:
-        if is_all and not registry.is_available(name):
-            skipped[name] = "suite module not available"
-            continue
-        suites.append(registry.make_suite(name, eval_cfg.get(name)))
-
-    tok_path = None
-    if tokenizer is None:
-        try:
-            tok_path = tokenizer_path(cfg, models)
-        except DataError:  # a missing tokenizer only matters to suites that read text
-            if any(s.needs_tokenizer for s in suites):
-                raise
-        if tok_path is not None:
-            tokenizer = load_tokenizer(tok_path, models)
+    suites, skipped = _make_suites(names, cfg.get("eval") or {}), {}
+    tokenizer, tok_path = _tokenizer(cfg, models, suites, tokenizer)
 
     data: dict[str, dict] = {}
 
@@ -128,64 +214,17 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     ctx = EvalContext(models=models, tokenizer=tokenizer, device=device, seed=cfg["seed"],
                       progress=bool(cfg.get("progress", True)), data=data, record_data=record_data,
                       data_dir=_data_dir(cfg, tok_path))
-
-    runnable = []
-    for s in suites:
-        reason = s.applies(ctx)
-        if reason:
-            if not is_all:
-                raise ConfigError(f"suite '{s.name}': {reason}")
-            skipped[s.name] = reason
-            continue
-        s.check(ctx)  # bad input -> one line, before anything runs or is written
-        runnable.append(s)
-
+    runnable = _checked(suites, ctx, is_all, skipped)
     out_dir = _out_dir(cfg, names)
-    staging = out_dir.parent / f".{out_dir.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    try:
-        results: dict[str, dict] = {}
-        sections: list[str] = []
-        was_training = [m.model.training for m in models]
-        for m in models:
-            m.model.eval()
-        try:
-            for s in runnable:
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    res = s.run(ctx)
-                res["runtime_s"] = time.perf_counter() - t0
-                res["plots"] = s.plots(res, staging)
-                results[s.name] = res
-                sections.append(s.report(res) + "".join(f"\n![{p}]({p})\n" for p in res["plots"]))
-        finally:
-            for m, flag in zip(models, was_training):
-                m.model.train(flag)
-        for name, reason in skipped.items():
-            results[name] = {"skipped": reason}
-        meta = {
-            "suite": names if not is_all else "all",
-            "created": _dt.datetime.now().isoformat(timespec="seconds"),
-            "git_commit": git_commit(),
-            "device": str(device),
-            "dtype": str(next(models[0].model.parameters()).dtype).replace("torch.", ""),
-            "models": [_model_info(m) for m in models],
-            # the checksum of the bytes actually loaded (the file could be rebuilt during a long run)
-            "tokenizer": None if tok_path is None else {"path": str(tok_path.resolve()),
-                                                         "sha256": getattr(tokenizer, "checksum", None)},
-            "data": data,
-            "config": cfg,
-        }
+
+    def write(staging: Path) -> None:
+        results, sections = _run_suites(runnable, ctx, staging)
+        results.update({name: {"skipped": reason} for name, reason in skipped.items()})
+        meta = _metadata(cfg, names, is_all, ctx, tok_path)
         atomic_write_json(staging / "results.json", {**meta, "suites": results})
         atomic_write_text(staging / "report.md", _report(meta, sections, skipped))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)  # empty, or overwrite=true was given (checked above)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    _publish(out_dir, write)
     return out_dir
 
 
@@ -193,9 +232,11 @@ def _report(meta: dict, sections: list[str], skipped: dict[str, str]) -> str:
     lines = ["# AnchorMass evaluation", "",
              f"- created: {meta['created']}; git commit: `{meta['git_commit']}`; device: {meta['device']}, "
              f"dtype: {meta['dtype']}", ""]
-    lines += ["| model | arch | parameters | source |", "| --- | --- | ---: | --- |"]
+    lines += ["- " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
+    lines += ["| model | arch | parameters | source | sha256 |", "| --- | --- | ---: | --- | --- |"]
     for m in meta["models"]:
-        lines.append(f"| {m['label']} | {m['arch']} | {m['n_params']:,} | `{m['source']}` |")
+        lines.append(f"| {m['label']} | {m['arch']} | {m['n_params']:,} | `{m['source']}` | "
+                     f"`{(m['sha256'] or '-')[:16]}` |")
     lines.append("")
     if meta["data"]:
         lines += ["| data | file | sha256 |", "| --- | --- | --- |"]

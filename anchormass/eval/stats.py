@@ -9,14 +9,53 @@ import numpy as np
 from scipy import stats
 
 
-def wilcoxon_exact(diffs: Sequence[float]) -> float:
-    """Exact two-sided Wilcoxon signed-rank p for paired differences (zeros dropped, as Wilcoxon
-    did). All-zero or empty input has no evidence either way: p = 1."""
+# Largest n whose 2^n sign flips the tied-rank permutation test enumerates (as a sum distribution).
+MAX_PERMUTATION_N = 25
+
+
+def wilcoxon_signed_rank(diffs: Sequence[float]) -> tuple[float, str]:
+    """Two-sided Wilcoxon signed-rank p for paired differences (zeros dropped, as Wilcoxon did) and
+    the method that produced it.
+
+    Without tied |d| scipy's exact null distribution is exact ("exact"). With ties it is not (it
+    assumes the ranks 1..n), so the p-value comes from the permutation distribution of the
+    midrank statistic over all 2^n sign flips ("permutation", n <= MAX_PERMUTATION_N); beyond that
+    scipy's normal approximation with tie correction ("normal"). All-zero or empty input has no
+    evidence either way: p = 1 ("none")."""
     d = np.asarray(diffs, dtype=np.float64)
     d = d[d != 0]
     if d.size == 0:
-        return 1.0
-    return float(stats.wilcoxon(d, alternative="two-sided", method="exact").pvalue)
+        return 1.0, "none"
+    a = np.abs(d)
+    if np.unique(a).size == a.size:
+        return float(stats.wilcoxon(d, alternative="two-sided", method="exact").pvalue), "exact"
+    if d.size <= MAX_PERMUTATION_N:
+        return sign_flip_p(d), "permutation"
+    return float(stats.wilcoxon(d, alternative="two-sided", method="approx").pvalue), "normal"
+
+
+def sign_flip_p(d: np.ndarray) -> float:
+    """Exact two-sided p of W+ (sum of the midranks of positive d) under the null that every sign
+    is a fair coin: all 2^n flips are counted through the distribution of subset sums of the
+    doubled midranks (integers), so no flip is sampled and no float sum is compared."""
+    ranks2 = np.rint(2 * stats.rankdata(np.abs(d))).astype(np.int64)  # midranks are multiples of 1/2
+    counts = np.zeros(int(ranks2.sum()) + 1, dtype=object)  # object: exact integers up to 2^n
+    counts[0] = 1
+    for r in ranks2:
+        shifted = np.zeros_like(counts)
+        shifted[r:] = counts[:-r]
+        counts = counts + shifted
+    total2 = int(ranks2.sum())  # 2 * (sum of ranks); the null mean of 2 W+ is total2 / 2
+    observed = int(ranks2[d > 0].sum())
+    dev = abs(2 * observed - total2)
+    sums = np.arange(total2 + 1)
+    extreme = np.abs(2 * sums - total2) >= dev
+    return float(min(1.0, sum(counts[extreme]) / 2 ** d.size))
+
+
+def wilcoxon_exact(diffs: Sequence[float]) -> float:
+    """The p-value of `wilcoxon_signed_rank` (exact for n <= MAX_PERMUTATION_N, ties or not)."""
+    return wilcoxon_signed_rank(diffs)[0]
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -33,8 +72,8 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 def paired_nll_by_length(nll_a: dict, nll_b: dict) -> dict:
-    """Per length: wins for B (#(d_i > 0), d_i = NLL_A - NLL_B), the exact Wilcoxon p and the Holm
-    p across all lengths. nll_a / nll_b: {length: [mean NLL per anchor]} over identical anchors."""
+    """Per length: wins for B (#(d_i > 0), d_i = NLL_A - NLL_B), the Wilcoxon p (and its method) and
+    the Holm p across the lengths given (holm_m of them: lengths that ran out of memory are not). nll_a / nll_b: {length: [mean NLL per anchor]} over identical anchors."""
     lengths = list(nll_a)
     rows = {}
     for L in lengths:
@@ -42,11 +81,13 @@ def paired_nll_by_length(nll_a: dict, nll_b: dict) -> dict:
         if a.shape != b.shape:
             raise ValueError(f"length {L}: {a.size} vs {b.size} anchors; pairs must match")
         d = a - b
+        p, method = wilcoxon_signed_rank(d)
         rows[L] = {"n": int(d.size), "wins_b": int((d > 0).sum()), "losses_b": int((d < 0).sum()),
                    "mean_diff": float(d.mean()) if d.size else math.nan,
-                   "p_wilcoxon": wilcoxon_exact(d)}
+                   "p_wilcoxon": p, "wilcoxon_method": method}
     for L, p_holm in zip(lengths, holm([rows[L]["p_wilcoxon"] for L in lengths])):
         rows[L]["p_holm"] = p_holm
+        rows[L]["holm_m"] = len(lengths)
     return rows
 
 

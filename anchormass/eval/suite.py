@@ -35,15 +35,12 @@ class EvalModel:
     config: Any  # ModelConfig
     source: str  # checkpoint path, or "random-init:<preset>"
     hparams: dict = field(default_factory=dict)
+    max_context: int | None = None  # longest prompt accepted (limits.max_extrapolation); None: no limit
+    sha256: str | None = None  # of the checkpoint file the weights were read from
 
     @property
     def arch(self) -> str:
         return self.config.arch
-
-    @property
-    def max_context(self) -> int | None:
-        """Longest prompt this model accepts (None: no limit), set by the runner from config."""
-        return self.hparams.get("_max_context")
 
 
 @dataclass

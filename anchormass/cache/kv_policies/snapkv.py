@@ -23,6 +23,7 @@ from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, top_pos
 from anchormass.errors import ConfigError
 
 POOLINGS = ("max", "avg")
+QUERY_STATE = "snapkv_q"  # layer.state key: the last `window` prompt queries, kept until end_prefill
 
 
 @dataclass
@@ -74,12 +75,12 @@ class SnapKV(KVPolicy):
         if not layer.prefilling:
             return
         # Keep the most recent `window` queries across prefill chunks (one small cat per chunk).
-        prev = layer.state.get("snapkv_q")
+        prev = layer.state.get(QUERY_STATE)
         recent = q if prev is None else torch.cat([prev, q.to(prev.dtype)], dim=2)
-        layer.state["snapkv_q"] = recent[:, :, -self.window:].contiguous()
+        layer.state[QUERY_STATE] = recent[:, :, -self.window:].contiguous()
 
     def end_prefill(self, layer) -> None:
-        q_obs = layer.state.pop("snapkv_q", None)
+        q_obs = layer.state.pop(QUERY_STATE, None)
         if q_obs is None or layer.length <= self.budget:
             return  # the prompt fits: nothing to compress
         layer.keep(self.select(q_obs, layer.keys()))
