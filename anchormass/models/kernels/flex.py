@@ -32,7 +32,7 @@ MAX_CACHED_MASKS = 64
 
 
 @torch.compiler.disable
-def _build(key: tuple) -> BlockMask:
+def _build(key: tuple, compiled: bool = True) -> BlockMask:
     """Build (outside any traced graph: it compiles its own) and remember the mask for `key`."""
     kind, t, device = key[0], key[1], key[-1]
     if kind == "local":
@@ -60,16 +60,16 @@ def _build(key: tuple) -> BlockMask:
                     | (is_raw & (raw_blk == q_blk) & (raw_pos <= q_idx)))
 
         n_kv = t + n_slots
-    mask = create_block_mask(mask_mod, None, None, t, n_kv, device=device, _compile=True)
+    mask = create_block_mask(mask_mod, None, None, t, n_kv, device=device, _compile=compiled)
     _BLOCK_MASKS[key] = mask
     while len(_BLOCK_MASKS) > MAX_CACHED_MASKS:
         _BLOCK_MASKS.popitem(last=False)
     return mask
 
 
-def block_mask(key: tuple) -> BlockMask:
+def block_mask(key: tuple, compiled: bool = True) -> BlockMask:
     mask = _BLOCK_MASKS.get(key)
-    return _build(key) if mask is None else mask
+    return _build(key, compiled) if mask is None else mask
 
 
 def local_key(t: int, cfg: ModelConfig, device: torch.device) -> tuple:
@@ -81,10 +81,16 @@ def global_key(t: int, cfg: ModelConfig, device: torch.device) -> tuple:
 
 
 class FlexKernel:
-    """The FlexAttention kernel of one attention module (see kernels/__init__.py)."""
+    """The FlexAttention kernel of one attention module (see kernels/__init__.py).
 
-    def __init__(self, cfg: ModelConfig):
+    compiled=False runs FlexAttention eagerly (it then materialises the full score matrix): for
+    checks at tiny sizes on machines where compiling costs more than the check.
+    """
+
+    def __init__(self, cfg: ModelConfig, compiled: bool = True):
         self.cfg = cfg
+        self.compiled = compiled
+        self._attend = _flex if compiled else flex_attention
 
     @staticmethod
     def _check_trainable(q: torch.Tensor) -> None:
@@ -94,7 +100,8 @@ class FlexKernel:
 
     def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check_trainable(q)
-        return _flex(q, k, v, block_mask=block_mask(local_key(q.shape[2], self.cfg, q.device)))
+        mask = block_mask(local_key(q.shape[2], self.cfg, q.device), self.compiled)
+        return self._attend(q, k, v, block_mask=mask)
 
     def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check_trainable(q)
@@ -109,5 +116,5 @@ class FlexKernel:
         def score_mod(score, b_idx, h_idx, q_idx, kv_idx):
             return score + bias[b_idx, kv_idx]
 
-        mask = block_mask(global_key(t, self.cfg, q.device))
-        return _flex(q, keys, vals, score_mod=score_mod, block_mask=mask)
+        mask = block_mask(global_key(t, self.cfg, q.device), self.compiled)
+        return self._attend(q, keys, vals, score_mod=score_mod, block_mask=mask)
