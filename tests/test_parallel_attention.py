@@ -1,4 +1,5 @@
-"""The parallel (training) path computes exactly SPEC 2.1/2.2: block-wise SDPA (and FlexAttention) vs the oracle."""
+"""The parallel (training) path computes exactly docs/method.md §2.1/§2.2: block-wise SDPA (and
+FlexAttention) vs the oracle."""
 
 import os
 
@@ -8,7 +9,7 @@ import torch
 from anchormass.models.attention_anchormass import AnchorMassAttention
 from anchormass.models.config import load_model_config
 from anchormass.models.kernels import block_sdpa
-from anchormass.models.kernels.block_sdpa import chunk_bounds
+from anchormass.models.kernels.block_sdpa import BlockSdpaKernel, chunk_bounds
 from anchormass.models.reference import reference_anchormass_attention
 
 
@@ -27,7 +28,7 @@ def _qkv(b, h, t, d, seed):
 
 def _parallel(cfg, q, k, v, chunk=256, recompute_above=4096):
     attn = AnchorMassAttention(cfg.replace(attn_impl="block_sdpa"), layer_idx=0)
-    attn.query_chunk, attn.recompute_above = chunk, recompute_above
+    attn.kernel = BlockSdpaKernel(attn.cfg, query_chunk=chunk, recompute_above=recompute_above)
     return attn.parallel_attention(q, k, v)
 
 
@@ -99,7 +100,7 @@ def _consumers(out: torch.Tensor, leaf: torch.Tensor) -> int:
 @pytest.mark.parametrize("kernel", ["local", "global"])
 def test_backward_reads_each_input_a_fixed_number_of_times(kernel):
     # Slicing the full-length q/k/v per query chunk makes backward zero-fill a full-size gradient per
-    # chunk (the issue-7 slowdown); the kernels split each input once, whatever the chunk count.
+    # chunk; the kernels split each input once, whatever the chunk count.
     cfg = _small()
     counts = []
     for chunk in (16, 160):

@@ -1,4 +1,4 @@
-"""Exact SPEC 2.1/2.2 attention by query chunks over SDPA with an additive bias (CPU and GPU).
+"""Exact docs/method.md §2.1/§2.2 attention by query chunks over SDPA with an additive bias (CPU and GPU).
 
 Queries are processed in chunks of whole blocks (default ~256 positions: a chunk costs
 chunk * (earlier slots + chunk) scores, and ~T/8 slots are visible on average, so small
@@ -7,9 +7,14 @@ are the sinks, the slots of every block before the chunk's last block, and the c
 raw tokens; a per-chunk bias holds log(mass) for visible slots and -inf for invisible keys.
 Memory per chunk is O(chunk * (sinks + slots + chunk)), never T x T. Every query sees at
 least itself, so no softmax row is fully masked.
+
+The log(mass) term is added in fp32 whatever the input dtype: in bf16 it would be rounded to
+8 significant bits before it reaches the softmax, which FlexAttention's fp32 score_mod is not.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +24,22 @@ from anchormass.models.config import ModelConfig
 from anchormass.models.kernels.layout import block_of, global_slots
 
 NEG_INF = float("-inf")
+
+
+@dataclass
+class BlockSdpaKernel:
+    """The block-wise SDPA kernel of one attention module (see kernels/__init__.py)."""
+
+    cfg: ModelConfig
+    query_chunk: int = 256  # queries per SDPA call (see the module docstring)
+    recompute_above: int = 4096  # training beyond this length: rebuild each chunk's keys/bias in backward
+
+    def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return local_attention(q, k, v, self.cfg.window, chunk=self.query_chunk)
+
+    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return global_attention(q, k, v, self.cfg, chunk=self.query_chunk,
+                                recompute=q.shape[2] > self.recompute_above)
 
 
 def chunk_bounds(t: int, n_sinks: int, block_size: int, chunk: int) -> list[tuple[int, int]]:
@@ -37,7 +58,7 @@ def _span(parts, bounds: list[tuple[int, int]], a: int, b: int) -> torch.Tensor:
 
     Built from the parts, so backward writes into each part's (chunk-sized) gradient and the one
     split joins them: slicing the full-length tensor per chunk would zero-fill a full-size gradient
-    per chunk instead (anchormass_mini attention fwd+bwd at 4K, 1 thread: 138 -> 105 ms per layer).
+    per chunk instead.
     """
     pieces = [p if a <= s and e <= b else p.narrow(2, max(a, s) - s, min(b, e) - max(a, s))
               for p, (s, e) in zip(parts, bounds) if s < b and e > a]
@@ -46,7 +67,7 @@ def _span(parts, bounds: list[tuple[int, int]], a: int, b: int) -> torch.Tensor:
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
                     chunk: int = 256) -> torch.Tensor:
-    """Sliding window (SPEC 2.1): query t sees keys max(0, t-window+1)..t. q, k, v: [B, H, T, D]."""
+    """Sliding window (docs/method.md §2.1): query t sees keys max(0, t-window+1)..t. q, k, v: [B, H, T, D]."""
     t = q.shape[2]
     if t <= chunk and t <= window:  # the window covers everything: plain causal attention
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -75,7 +96,7 @@ def _slot_counts(bounds: list[tuple[int, int]], n_sinks: int, block_size: int, s
 
 def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
                      chunk: int = 256, recompute: bool = False) -> torch.Tensor:
-    """SPEC 2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE global heads.
+    """docs/method.md §2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE global heads.
 
     Every input is split once into the pieces the chunks use (sinks, per-chunk raw keys, the slots
     that become visible at each chunk), and each chunk concatenates its pieces: backward then adds
@@ -127,7 +148,21 @@ def _global_chunk(q_c, k_sink, v_sink, slot_k, slot_v, k_raw, v_raw, slot_lm, st
         torch.where(sink_ok, zero, NEG_INF).expand(b, -1, -1),
         torch.where(slot_ok[None], slot_lm[:, None], NEG_INF),
         torch.where(raw_ok, zero, NEG_INF).expand(b, -1, -1),
-    ], dim=-1)[:, None].to(q_c.dtype)  # [B, 1, Tq, Kn]
+    ], dim=-1)[:, None]  # [B, 1, Tq, Kn], fp32 (slot_lm is)
     keys = torch.cat([k_sink, *slot_k, k_raw], dim=2)  # [B, Hg, Kn, D]
     vals = torch.cat([v_sink, *slot_v, v_raw], dim=2)
-    return F.scaled_dot_product_attention(q_c, keys, vals, attn_mask=bias)
+    return sdpa_fp32_bias(q_c, keys, vals, bias)
+
+
+def sdpa_fp32_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """SDPA whose additive bias (log(mass), -inf) reaches the scores unrounded.
+
+    fp32 and fp64 inputs run as they are. Lower-precision inputs are upcast, so scores, bias and
+    softmax are all fp32 (the precision FlexAttention computes scores and its score_mod in), and
+    the output is cast back. Autocast is off here: it would cast the bias to bf16.
+    """
+    dt = q.dtype
+    work = dt if dt in (torch.float32, torch.float64) else torch.float32
+    with torch.autocast(q.device.type, enabled=False):
+        out = F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=bias.to(work))
+    return out.to(dt)

@@ -1,20 +1,23 @@
-"""SPEC 2.1/2.2 attention with compiled FlexAttention: a block mask for visibility, a score_mod for log(mass).
+"""docs/method.md §2.1/§2.2 attention with compiled FlexAttention: a block mask for visibility, a
+score_mod for log(mass).
 
 Global keys are laid out as [sinks | every slot | raw tokens S..T-1]; the block mask encodes
 "sink at or before t", "slot of a block before t's block" and "raw token of t's block at or
-before t" by index arithmetic only, so it does not depend on the batch and is built once per
-(length, layout) and shared by all layers. Mass-0 slots are removed by the score_mod (-inf),
-which adds log(mass) in fp32. Same numbers as `block_sdpa`; GPU forward + backward, CPU
-forward only (torch 2.13 has no CPU FlexAttention backward).
+before t" by index arithmetic only, so it does not depend on the batch or the layer: it is
+built once per (length, layout, device), kept in `_BLOCK_MASKS` and shared by every layer and
+step. Mass-0 slots are removed by the score_mod (-inf), which adds log(mass) in fp32. Same
+numbers as `block_sdpa`; GPU forward + backward, CPU forward only (torch 2.13 has no CPU
+FlexAttention backward).
 """
 
 from __future__ import annotations
 
-import functools
+from collections import OrderedDict
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from anchormass.errors import ConfigError
 from anchormass.models.config import ModelConfig
 from anchormass.models.kernels.layout import global_slots
 
@@ -23,53 +26,95 @@ from anchormass.models.kernels.layout import global_slots
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 _flex = torch.compile(flex_attention, dynamic=False)
 
-
-@functools.lru_cache(maxsize=32)
-def _local_mask(t: int, window: int, device: str):
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-
-    return create_block_mask(mask_mod, None, None, t, t, device=device, _compile=True)
+# (kind, length, layout numbers, device) -> BlockMask. Bounded: an evaluation sweeps many lengths.
+_BLOCK_MASKS: OrderedDict[tuple, BlockMask] = OrderedDict()
+MAX_CACHED_MASKS = 64
 
 
-@functools.lru_cache(maxsize=32)
-def _global_mask(t: int, n_sink: int, n_slots: int, n_sinks: int, block_size: int, slots_per_block: int,
-                 device: str):
-    def mask_mod(b, h, q_idx, kv_idx):
-        q_blk = torch.where(q_idx >= n_sinks, (q_idx - n_sinks) // block_size, -1)
-        is_sink = kv_idx < n_sink
-        is_raw = kv_idx >= n_sink + n_slots
-        is_slot = ~is_sink & ~is_raw
-        slot_blk = (kv_idx - n_sink) // slots_per_block
-        raw_pos = kv_idx - n_slots
-        raw_blk = (raw_pos - n_sinks) // block_size
-        return ((is_sink & (kv_idx <= q_idx))
-                | (is_slot & (slot_blk < q_blk))
-                | (is_raw & (raw_blk == q_blk) & (raw_pos <= q_idx)))
+@torch.compiler.disable
+def _build(key: tuple, compiled: bool = True) -> BlockMask:
+    """Build (outside any traced graph: it compiles its own) and remember the mask for `key`."""
+    kind, t, device = key[0], key[1], key[-1]
+    if kind == "local":
+        window = key[2]
 
-    return create_block_mask(mask_mod, None, None, t, t + n_slots, device=device, _compile=True)
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+        n_kv = t
+    else:
+        n_sinks, block_size, slots_per_block = key[2:5]
+        n_sink = min(n_sinks, t)
+        n_slots = (t - n_sink) // block_size * slots_per_block
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            q_blk = torch.where(q_idx >= n_sinks, (q_idx - n_sinks) // block_size, -1)
+            is_sink = kv_idx < n_sink
+            is_raw = kv_idx >= n_sink + n_slots
+            is_slot = ~is_sink & ~is_raw
+            slot_blk = (kv_idx - n_sink) // slots_per_block
+            raw_pos = kv_idx - n_slots
+            raw_blk = (raw_pos - n_sinks) // block_size
+            return ((is_sink & (kv_idx <= q_idx))
+                    | (is_slot & (slot_blk < q_blk))
+                    | (is_raw & (raw_blk == q_blk) & (raw_pos <= q_idx)))
+
+        n_kv = t + n_slots
+    mask = create_block_mask(mask_mod, None, None, t, n_kv, device=device, _compile=compiled)
+    _BLOCK_MASKS[key] = mask
+    while len(_BLOCK_MASKS) > MAX_CACHED_MASKS:
+        _BLOCK_MASKS.popitem(last=False)
+    return mask
 
 
-def local_attention(q, k, v, window: int, chunk: int | None = None) -> torch.Tensor:
-    """Sliding window of `window` keys (query included). q, k, v: [B, H, T, D].
+def block_mask(key: tuple, compiled: bool = True) -> BlockMask:
+    mask = _BLOCK_MASKS.get(key)
+    return _build(key, compiled) if mask is None else mask
 
-    `chunk` (and `recompute` below) exist for signature parity with block_sdpa; flex needs neither.
+
+def local_key(t: int, cfg: ModelConfig, device: torch.device) -> tuple:
+    return ("local", t, cfg.window, str(device))
+
+
+def global_key(t: int, cfg: ModelConfig, device: torch.device) -> tuple:
+    return ("global", t, cfg.n_sinks, cfg.block_size, cfg.slots_per_block, str(device))
+
+
+class FlexKernel:
+    """The FlexAttention kernel of one attention module (see kernels/__init__.py).
+
+    compiled=False runs FlexAttention eagerly (it then materialises the full score matrix): for
+    checks at tiny sizes on machines where compiling costs more than the check.
     """
-    return _flex(q, k, v, block_mask=_local_mask(q.shape[2], window, str(q.device)))
 
+    def __init__(self, cfg: ModelConfig, compiled: bool = True):
+        self.cfg = cfg
+        self.compiled = compiled
+        self._attend = _flex if compiled else flex_attention
 
-def global_attention(q, k, v, cfg: ModelConfig, chunk: int | None = None, recompute: bool = False) -> torch.Tensor:
-    """SPEC 2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE."""
-    b, _, t, _ = q.shape
-    n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, cfg)
-    n_slots = slot_lm.shape[1]
-    keys = torch.cat([k[:, :, :n_sink], slot_k, k[:, :, n_sink:]], dim=2)  # [B, Hg, T + n_slots, D]
-    vals = torch.cat([v[:, :, :n_sink], slot_v, v[:, :, n_sink:]], dim=2)
-    bias = torch.zeros(b, t + n_slots, device=q.device, dtype=torch.float32)
-    bias[:, n_sink:n_sink + n_slots] = slot_lm  # [B, Kn]: log(mass) on slots, 0 on raw keys
+    @staticmethod
+    def _check_trainable(q: torch.Tensor) -> None:
+        if q.device.type != "cuda" and torch.is_grad_enabled() and q.requires_grad:
+            raise ConfigError("attn_impl='flex' has no backward on CPU (torch 2.13); "
+                              "use attn_impl='block_sdpa' for CPU training")
 
-    def score_mod(score, b_idx, h_idx, q_idx, kv_idx):
-        return score + bias[b_idx, kv_idx]
+    def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._check_trainable(q)
+        mask = block_mask(local_key(q.shape[2], self.cfg, q.device), self.compiled)
+        return self._attend(q, k, v, block_mask=mask)
 
-    mask = _global_mask(t, n_sink, n_slots, cfg.n_sinks, cfg.block_size, cfg.slots_per_block, str(q.device))
-    return _flex(q, keys, vals, score_mod=score_mod, block_mask=mask)
+    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._check_trainable(q)
+        b, _, t, _ = q.shape
+        n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, self.cfg)
+        n_slots = slot_lm.shape[1]
+        keys = torch.cat([k[:, :, :n_sink], slot_k, k[:, :, n_sink:]], dim=2)  # [B, Hg, T + n_slots, D]
+        vals = torch.cat([v[:, :, :n_sink], slot_v, v[:, :, n_sink:]], dim=2)
+        bias = torch.zeros(b, t + n_slots, device=q.device, dtype=torch.float32)
+        bias[:, n_sink:n_sink + n_slots] = slot_lm  # [B, Kn]: log(mass) on slots, 0 on raw keys
+
+        def score_mod(score, b_idx, h_idx, q_idx, kv_idx):
+            return score + bias[b_idx, kv_idx]
+
+        mask = block_mask(global_key(t, self.cfg, q.device), self.compiled)
+        return self._attend(q, keys, vals, score_mod=score_mod, block_mask=mask)

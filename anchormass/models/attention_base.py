@@ -1,0 +1,46 @@
+"""The attention plumbing both models share: q/k/v/o projections, RoPE, and the seam to a cache.
+
+`SelfAttention` owns the projections (no bias), applies RoPE and either hands the post-RoPE
+q, k, v to the session cache (`cache.layers[idx].attend`) or runs `parallel_attention`, the one
+method a model's attention class supplies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from anchormass.models.config import ModelConfig
+from anchormass.models.rope import apply_rope
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        inner = cfg.n_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+        """x [B, T, d_model]; cos/sin [T, D] for this chunk's absolute positions."""
+        b, t, _ = x.shape
+        q = apply_rope(self._heads(self.q_proj(x)), cos, sin)
+        k = apply_rope(self._heads(self.k_proj(x)), cos, sin)
+        v = self._heads(self.v_proj(x))
+        if cache is None:
+            out = self.parallel_attention(q, k, v)
+        else:
+            out = cache.layers[self.layer_idx].attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def parallel_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Every position at once (training, cache-free forward). q, k, v: [B, H, T, D] post-RoPE."""
+        raise NotImplementedError
