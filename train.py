@@ -1,12 +1,17 @@
 """Train one stage: `python train.py [experiment=...] [model=...] [stage=...] [overrides]`.
 
-Thin Hydra entry point; the work happens in anchormass.training.run.train.
+Thin Hydra entry point; the work happens in anchormass.training.run.train. The task function
+returns the run's last validation loss, which is what a sweeper minimises:
+    python train.py -m hydra/sweeper=optuna_optim ...      (Optuna over lr / warmup / weight decay)
+    python train.py [-m] hydra/launcher=slurm ...           (each run one Slurm job; see configs/hydra/)
 """
 
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, exit_on_error
@@ -15,15 +20,30 @@ from anchormass.training.callbacks import TrainingDiverged
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 @exit_on_error
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     from anchormass.training.run import train
 
     try:
         result = train(cfg)
     except TrainingDiverged as err:  # not bad input: its own exit code, same one-line style
         print(f"error: {err}", file=sys.stderr)
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            # One diverged trial (a too-high learning rate) must not end the whole sweep:
+            # NaN tells the sweeper this trial failed, and the next one runs.
+            return float("nan")
         sys.exit(3)
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
+    return result["metrics"].get("val/loss")
+
+
+def through_launcher(argv: list[str]) -> list[str]:
+    """`python train.py hydra/launcher=<name> ...` without -m: Hydra only uses a launcher for a
+    multirun, so run it as a one-job multirun whose job folder is the folder the plain run would
+    use. Scripts that call train.py (the curriculum's stages) then go to Slurm by adding
+    `hydra/launcher=slurm` to their overrides, with nothing else changed."""
+    if any(a in ("-m", "--multirun") for a in argv) or not any(a.startswith("hydra/launcher=") for a in argv):
+        return argv
+    return ["--multirun", *argv, "hydra.sweep.dir=${hydra.run.dir}", "hydra.sweep.subdir=."]
 
 
 @exit_on_error
@@ -40,4 +60,5 @@ def check_run_dir(argv: list[str]) -> None:
 if __name__ == "__main__":
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     check_run_dir(sys.argv[1:])
+    sys.argv[1:] = through_launcher(sys.argv[1:])
     main()

@@ -7,7 +7,9 @@ Kinds:
 - longctx: retrieval examples over a prepared pretrain folder's train/val tokens (longctx.py); sft layout.
 
 Everything is built in a staging folder beside the target and renamed into place at the end, so a
-failure leaves no partial output and an existing folder is replaced only by a complete one.
+failure leaves no partial output and an existing folder is replaced only by a complete one. One
+prepare per target at a time (a lock beside it); staging folders that a killed prepare left
+behind are removed by the next one.
 Same config + inputs -> byte-identical files (no timestamps; fixed seeds; SentencePiece seeded).
 """
 
@@ -32,6 +34,7 @@ from anchormass.utils import resolve_path
 from anchormass.data.token_file import TokenWriter, write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.config_checks import check_numbers
+from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
 
 _ENCODE_BATCH = 256  # documents per SentencePiece batch call
@@ -192,6 +195,20 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):
         raise ConfigError(f"out_dir {out} exists and is not a prepared dataset folder; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
+    with DirLock(out.parent / f".{out.name}.lock", what=f"dataset folder {out}"):
+        return _prepare_locked(cfg, kind, out)
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Staging and replaced folders of this target: while we hold its lock no other prepare is
+    writing one, so any that exist were left by a prepare that was killed."""
+    for pattern in (f".{out.name}.staging-*", f".{out.name}.old-*"):
+        for path in out.parent.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _prepare_locked(cfg: Mapping[str, Any], kind: str, out: Path) -> tuple[Path, dict[str, Any]]:
+    _remove_leftovers(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     t0 = time.perf_counter()
     try:

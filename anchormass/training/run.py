@@ -3,11 +3,16 @@
 Stage chaining: `init_from=<ckpt>` copies weights only and carries `trained_lengths`;
 `ckpt_path=<ckpt>` (or `last`) resumes exactly: weights, optimizer, scheduler, loop counters,
 data position and RNG state all come from the checkpoint.
+
+The run folder belongs to this run while it trains (training/run_dir.py). Every logger records
+the resolved config, the git commit and the data fingerprint; a resumed run continues the wandb
+run it resumes.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +21,16 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from anchormass.utils import atomic_write_json
+from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
 from anchormass.data.dataset_dir import fingerprint, read_metadata
 from anchormass.config_checks import check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
+from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 
 RESULT_FILE = "train_result.json"
 
@@ -44,7 +50,7 @@ def check_output_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_probe"
+        probe = path / f".write_probe-{os.getpid()}"  # per process: two launches may probe at once
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
@@ -100,6 +106,34 @@ def world_size_of(trainer_cfg: DictConfig) -> int:
     else:  # "auto" / -1: whatever Lightning finds; resolved after the trainer exists
         n = -1
     return n * int(trainer_cfg.get("num_nodes", 1)) if n > 0 else -1
+
+
+def attach_wandb_id(cfg: DictConfig, out: Path, resume: str | None) -> None:
+    """A wandb logger gets a run id kept in the run folder: a resumed run reuses the id of the run
+    it resumes (found beside its checkpoint), so wandb continues that run; a fresh run gets a new one."""
+    if not str(OmegaConf.select(cfg, "logger._target_", default="")).endswith("WandbLogger"):
+        return
+    run_id = None
+    if resume:
+        for folder in (out, Path(resume).resolve().parent.parent):  # <run>/checkpoints/<file>.ckpt
+            if (folder / WANDB_ID_FILE).is_file():
+                run_id = (folder / WANDB_ID_FILE).read_text(encoding="utf-8").strip() or None
+                break
+    # From the OS, not the seeded generators: naming the run must not shift the training's random numbers.
+    run_id = run_id or secrets.token_hex(4)
+    with open_dict(cfg.logger):
+        cfg.logger.id = run_id
+        cfg.logger.resume = "allow"
+    if is_launching_process():
+        atomic_write_text(out / WANDB_ID_FILE, run_id + "\n")
+
+
+def log_run_record(trainer: L.Trainer, cfg: DictConfig, data_dir: Path) -> None:
+    """What a logged run must be traceable to: the resolved config, the code, the data."""
+    record = {"config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
+              "data_fingerprint": fingerprint(data_dir)}
+    for logger in trainer.loggers:
+        logger.log_hyperparams(record)
 
 
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
@@ -207,12 +241,22 @@ def train(cfg: DictConfig) -> dict:
     data_dir = Path(cfg.data_dir)
     meta = data_metadata(data_dir)
     out = check_output_dir(cfg.output_dir)
+    claim(out, resume=bool(resume), overwrite=bool(cfg.get("overwrite", False)))
+    try:
+        return _train(cfg, out, data_dir, meta, resume)
+    finally:
+        release(out)
+
+
+def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str | None) -> dict:
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     module = build_module(cfg, data_dir, meta)
     datamodule = build(cfg.stage.datamodule)
+    attach_wandb_id(cfg, out, resume)
     trainer = build_trainer(cfg, out)
+    log_run_record(trainer, cfg, data_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     last = next((cb.last_model_path for cb in trainer.checkpoint_callbacks if cb.last_model_path), None)
