@@ -21,9 +21,9 @@ def tiny_tokenizer(base: Path) -> Path:
 def tiny_checkpoint(path: Path, preset: str, tokenizer: Path, seed: int = 0, **changes) -> Path:
     """A training-format checkpoint of a random-init `preset` (vocab VOCAB).
 
-    init_std 0.2 instead of 0.02: peaked next-token distributions, so greedy decoding compares
-    real choices rather than near-ties of an almost uniform softmax."""
-    cfg = load_model_config(preset).replace(vocab_size=VOCAB, init_std=0.2, **changes)
+    init_std defaults to 0.2 instead of 0.02: peaked next-token distributions, so greedy decoding
+    compares real choices rather than near-ties of an almost uniform softmax."""
+    cfg = load_model_config(preset).replace(**{"vocab_size": VOCAB, "init_std": 0.2, **changes})
     torch.manual_seed(seed)
     model = build_model(cfg)
     atomic_torch_save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},

@@ -24,6 +24,14 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"out {out} already exists and is not empty; choose a new folder")
 
 
+def _quiet_transformers() -> None:
+    """No progress bars or advice from transformers while writing: the command prints one summary."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
     from anchormass.eval.loading import load_tokenizer, tokenizer_path
@@ -59,6 +67,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
+    _quiet_transformers()
     try:
         special = tok.special_ids()
         (export_llama if as_llama else export_anchormass)(model, staging, special)

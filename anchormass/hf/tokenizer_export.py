@@ -7,7 +7,10 @@ and keeps user-defined pieces whole. It adds no BOS/EOS on its own, like `Tokeni
 
 Chat: the role markers are registered as special tokens, so text between them is tokenised
 piece by piece, each with its own dummy prefix - exactly how `anchormass.data.sft` builds
-chat ids (each turn's text encoded separately). The chat template writes that format:
+chat ids (each turn's text encoded separately). A plain string containing role markers is
+therefore tokenised like the chat format, unlike `Tokenizer.encode` of that whole string (which
+gives the text right after a marker no dummy prefix); text without markers gets identical ids.
+The chat template writes the SFT format:
 
     <s> [<|system|> system <|end|>] <|user|> user <|end|> <|assistant|> [answer <|end|> </s>]
 """
