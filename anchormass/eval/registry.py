@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "jcqa": "anchormass.eval.jcqa:JcqaSuite",
     "hitrate": "anchormass.eval.hitrate:HitRateSuite",
     "baselines": "anchormass.eval.baselines:BaselinesSuite",
+    "lm_eval": "anchormass.eval.lm_eval_suite:LmEvalSuite",
 }
 
 

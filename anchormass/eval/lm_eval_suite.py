@@ -1,0 +1,104 @@
+"""lm-evaluation-harness tasks on our checkpoints (`evaluate.py suite=lm_eval tasks=[jcqa_local] ckpt=...`).
+
+Each model runs through the harness's own `HFLM` backend wrapped around our model
+(anchormass.hf.modeling: the same forward the exported remote-code folder runs) and the
+exported tokenizer (our ids), so the harness builds the prompts, tokenises, batches and scores.
+Its metrics land in results.json (`summary["<model>/<task>/<metric>"]`) and in the report.
+`jcqa_local` is JCommonsenseQA from local JGLUE files with the harness's leaderboard prompt
+(anchormass/hf/lm_eval_tasks.py); other task names go to the harness as they are (their data
+must then be reachable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from anchormass.errors import ConfigError
+from anchormass.eval import tables
+from anchormass.eval.suite import EvalContext, Suite
+
+
+def harness_model(m, tokenizer, device, batch_size: int):
+    """An lm_eval HFLM over our model `m` (EvalModel) and the exported tokenizer."""
+    from lm_eval.models.huggingface import HFLM
+
+    from anchormass.hf.export_anchormass import hf_wrapper
+    from anchormass.hf.tokenizer_export import hf_tokenizer
+
+    hf = hf_wrapper(m.model, tokenizer.special_ids())
+    return HFLM(pretrained=hf, tokenizer=hf_tokenizer(tokenizer), batch_size=batch_size, device=str(device))
+
+
+class LmEvalSuite(Suite):
+    name = "lm_eval"
+    needs_tokenizer = True
+
+    def applies(self, ctx: EvalContext) -> str | None:
+        if not self.opt("tasks"):
+            return "no harness tasks: pass tasks=[jcqa_local,...]"
+        return None
+
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        try:
+            import lm_eval  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as err:
+            raise ConfigError(f"suite lm_eval needs lm-evaluation-harness and transformers ({err.name} is missing; "
+                              "pip install -r requirements.txt)") from None
+        from anchormass.hf.lm_eval_tasks import jcqa_files, task_specs
+
+        tasks = self.opt("tasks")
+        self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+        if "jcqa_local" in self.tasks:
+            for split, path in jcqa_files(self.opt("jcqa_dir")).items():
+                ctx.record_data(f"jcqa_{split}", path)
+        self.specs = task_specs(self.tasks, self.opt("jcqa_dir"))
+        limit = self.opt("limit")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"lm_eval.limit must be a positive integer or null, got {limit!r}")
+
+    def run(self, ctx: EvalContext) -> dict:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        per_model, n_samples, configs = {}, {}, {}
+        # Indexing the harness's thousands of task files takes a while: only when a task needs them.
+        manager = TaskManager(include_defaults=any(isinstance(s, str) for s in self.specs))
+        for m in ctx.models:
+            lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 8)))
+            # The harness draws its own progress bars on stderr; keep them only when asked for.
+            quiet = contextlib.nullcontext() if ctx.progress else contextlib.redirect_stderr(io.StringIO())
+            with quiet:
+                out = lm_eval.simple_evaluate(
+                    model=lm, tasks=self.specs, num_fewshot=self.opt("num_fewshot"), limit=self.opt("limit"),
+                    task_manager=manager, random_seed=ctx.seed, fewshot_random_seed=int(self.opt("fewshot_seed", 1234)),
+                    log_samples=False, verbosity="ERROR")
+            per_model[m.label] = {task: {k: float(v) for k, v in res.items() if isinstance(v, (int, float))
+                                         and not isinstance(v, bool)} for task, res in out["results"].items()}
+            n_samples = {task: dict(v) for task, v in out.get("n-samples", {}).items()}
+            configs = {task: {k: cfg.get(k) for k in ("num_fewshot", "description", "doc_to_text",
+                                                      "target_delimiter", "fewshot_delimiter")}
+                       for task, cfg in out.get("configs", {}).items()}
+        summary = {f"{lab}/{task}/{metric.split(',')[0]}": value for lab, res in per_model.items()
+                   for task, metrics in res.items() for metric, value in metrics.items()
+                   if "stderr" not in metric and metric.endswith(",none")}
+        return {"labels": list(per_model), "tasks": self.tasks, "results": per_model, "n_samples": n_samples,
+                "task_configs": configs, "harness_version": lm_eval.__version__, "summary": summary, "items": []}
+
+    def report(self, result: dict) -> str:
+        labels = result["labels"]
+        body = []
+        for task in result["tasks"]:
+            first = result["results"][labels[0]].get(task, {})
+            for metric in sorted(k for k in first if k.endswith(",none") and "stderr" not in k):
+                cells = [task, metric.split(",")[0]]
+                for lab in labels:
+                    res = result["results"][lab][task]
+                    err = res.get(metric.replace(",", "_stderr,"))
+                    cells.append(f"{100 * res[metric]:.2f}" + (f" ± {100 * err:.2f}" if err else ""))
+                body.append(cells)
+        n = "; ".join(f"{t}: {v.get('effective')} of {v.get('original')}" for t, v in result["n_samples"].items())
+        return (f"## lm-evaluation-harness\n\n{tables.markdown(['task', 'metric', *labels], body)}\n"
+                f"lm_eval {result['harness_version']}; items scored: {n}; percent ± the harness's standard error.\n")

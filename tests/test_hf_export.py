@@ -1,0 +1,167 @@
+"""Hugging Face export: Standard -> native Llama, AnchorMass -> trust_remote_code; same logits,
+same greedy tokens as our engine (full cache and tight budgets), command-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from _hf_helpers import VOCAB, tiny_checkpoint, tiny_tokenizer  # noqa: E402
+from anchormass.errors import CheckpointError, ConfigError  # noqa: E402
+from anchormass.hf.export import export_checkpoint  # noqa: E402
+from anchormass.hf.provenance import PROVENANCE_FILE  # noqa: E402
+from anchormass.inference.generate import generate  # noqa: E402
+from anchormass.training.checkpoint import load_model  # noqa: E402
+from anchormass.utils import sha256_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINED = 256  # original_max_len of the test checkpoints
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """{preset: (checkpoint, export folder)} for standard_tiny and anchormass_tiny."""
+    base = tmp_path_factory.mktemp("hf_export")
+    tok = tiny_tokenizer(base)
+    out = {}
+    for preset, std in (("standard_tiny", 0.02), ("anchormass_tiny", 0.2)):
+        ckpt = tiny_checkpoint(base / f"{preset}.ckpt", preset, tok, init_std=std, original_max_len=TRAINED)
+        out[preset] = (ckpt, export_checkpoint(ckpt, base / f"{preset}_hf"))
+    return out
+
+
+def _ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_standard_exports_as_native_llama(exported):
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    ckpt, folder = exported["standard_tiny"]
+    assert not list(folder.glob("*.py"))  # no custom code
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(hf) is LlamaForCausalLM
+    ours, _ = load_model(ckpt)
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in ours.parameters())
+    ids = _ids(2, TRAINED)  # the whole trained length: RoPE conventions would diverge with position
+    with torch.no_grad():
+        diff = (hf(ids).logits - ours(ids)).abs().max().item()
+    assert diff <= 1e-4
+    info = json.loads((folder / PROVENANCE_FILE).read_text())
+    assert info["source_sha256"] == sha256_file(ckpt) and info["git_commit"] and info["format"] == "llama"
+
+
+def test_swapped_rope_halves_would_be_caught(exported):
+    """The logit check above can fail: q/k rows in the interleaved RoPE layout give other logits."""
+    from transformers import AutoModelForCausalLM
+
+    _, folder = exported["standard_tiny"]
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    ids = _ids(1, 64)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                w = proj.weight.view(hf.config.num_attention_heads, hf.config.head_dim, -1)
+                perm = torch.arange(hf.config.head_dim).view(2, -1).t().reshape(-1)  # interleave the halves
+                proj.weight.copy_(w[:, perm].reshape_as(proj.weight))
+        assert (hf(ids).logits - ref).abs().max().item() > 1e-3
+
+
+def test_anchormass_loads_with_remote_code_and_matches(exported):
+    from transformers import AutoModelForCausalLM
+
+    ckpt, folder = exported["anchormass_tiny"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ours, _ = load_model(ckpt)
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in ours.parameters())
+    ids = _ids(2, TRAINED)
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids)).abs().max().item() <= 1e-4
+        # Through the session cache too (chunk path, every position's logits).
+        cached = hf(ids, use_cache=True)
+        assert cached.cache.get_seq_length() == TRAINED
+        assert (cached.logits - ours(ids)).abs().max().item() <= 1e-4
+    info = json.loads((folder / PROVENANCE_FILE).read_text())
+    assert info["source_sha256"] == sha256_file(ckpt) and info["format"] == "anchormass"
+
+
+@pytest.mark.parametrize("policy,budget", [(None, None), ("adaptive", 8), ("fifo", 8)])
+def test_generate_greedy_equals_our_generate(exported, policy, budget):
+    from transformers import AutoModelForCausalLM
+
+    from anchormass.hf.cache_adapter import AnchorMassHFCache
+
+    ckpt, folder = exported["anchormass_tiny"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ours, _ = load_model(ckpt)
+    ids = _ids(2, 200, seed=1)  # 200 tokens: three compressed blocks, so a budget of 8 slots binds
+    want = generate(ours, ids, 16, policy=policy, budget=budget, eos_id=None)
+    cache = AnchorMassHFCache(ours.cfg.n_layers, policy, budget)
+    got = hf.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, cache=cache)[:, ids.shape[1]:]
+    assert torch.equal(got, want)
+    if budget is not None:
+        assert max(max(per_seq) for per_seq in cache.session.stats()["slots"]) <= budget
+        full = generate(ours, ids, 16, eos_id=None)
+        assert not torch.equal(full, want)  # the budget really changed the computation
+
+
+def test_generate_policy_from_generation_config_and_sampling(exported):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    ckpt, folder = exported["anchormass_tiny"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ours, _ = load_model(ckpt)
+    ids = _ids(3, 200, seed=2)
+    greedy = GenerationConfig(max_new_tokens=12, do_sample=False, slot_policy="fifo", slot_budget=8)
+    got = hf.generate(ids, generation_config=greedy)[:, ids.shape[1]:]
+    assert torch.equal(got, generate(ours, ids, 12, policy="fifo", budget=8, eos_id=None))
+    sampling = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=50,
+                                slot_policy="adaptive", slot_budget=8)
+    torch.manual_seed(0)
+    a = hf.generate(ids, generation_config=sampling)
+    torch.manual_seed(0)
+    b = hf.generate(ids, generation_config=sampling)
+    assert a.shape == (3, 212) and torch.equal(a, b) and int(a.max()) < VOCAB
+
+
+def test_padded_batches_and_beam_search_are_refused(exported):
+    from transformers import AutoModelForCausalLM
+
+    _, folder = exported["anchormass_tiny"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    ids = _ids(2, 20)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with pytest.raises(ValueError, match="padded"):
+        hf.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="beam"):
+        hf.generate(ids, max_new_tokens=2, num_beams=2, do_sample=False)
+
+
+def test_export_refuses_bad_input(exported, tmp_path):
+    ckpt, folder = exported["standard_tiny"]
+    with pytest.raises(CheckpointError, match="not found"):
+        export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "a")
+    (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        export_checkpoint(tmp_path / "bad.ckpt", tmp_path / "b")
+    with pytest.raises(ConfigError, match="format=llama"):
+        export_checkpoint(exported["anchormass_tiny"][0], tmp_path / "c", format="llama")
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_cli_one_line_error_for_non_empty_out(exported):
+    ckpt, folder = exported["standard_tiny"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/export_hf.py"), f"ckpt={ckpt}", f"out={folder}"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "not empty" in r.stderr
