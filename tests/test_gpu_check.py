@@ -17,19 +17,21 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_dry_run_prints_every_row_and_continues_past_a_failure(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--inject-failure", "train",
+    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--inject-failure", "decode",
                            "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the injected failure makes the run fail, at the end
-    assert "train FAILED: RuntimeError: failure injected" in proc.stderr
+    assert "decode FAILED: RuntimeError: failure injected" in proc.stderr
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     sections = [r[0] for r in rows]
-    for section in ("tests", "flex vs SDPA", "prefill", "decode", "peak memory", "ratio"):
+    for section in ("tests", "flex vs SDPA", "prefill", "peak memory", "train", "ratio"):
         assert section in sections, section
-    assert ["train", "-", "FAILED", "RuntimeError: failure injected by --inject-failure"] in rows
-    assert sections.index("train") < sections.index("prefill")  # the items after the failure still ran
+    assert ["decode", "-", "FAILED", "RuntimeError: failure injected by --inject-failure"] in rows
+    assert sections.index("decode") < sections.index("peak memory")  # the items after the failure still ran
     assert all(r[2] == "PASS" for r in rows if r[0] == "flex vs SDPA")
-    ratio_rows = [r for r in rows if r[0] == "ratio"]
-    assert len(ratio_rows) == 8 and sum(r[2] == "n/a" for r in ratio_rows) == 2  # no train rows: 2 ratios n/a
+    ratio_rows = {r[1]: r for r in rows if r[0] == "ratio"}
+    assert len(ratio_rows) == 8  # the two decode ratios have no inputs; the others are computed
+    assert [what for what, r in ratio_rows.items() if r[2] == "n/a"] == [
+        "AnchorMass decode ms/token 256 / 128 (budget-limited)", "decode ms/token Standard / AnchorMass at 256"]
     assert (tmp_path / "table.md").read_text() in proc.stdout
 
 

@@ -23,7 +23,7 @@ from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.optim import build_optimizer
 
 # Stated bounds on max |flex - block_sdpa| (forward and each gradient), relative to the largest
-# magnitude of the block_sdpa tensor. fp32: the 1e-4, read as absolute on O(1) tensors.
+# magnitude of the block_sdpa tensor. fp32: 1e-4, absolute, on O(1) tensors.
 # bf16: both kernels round inputs to 8 significant bits and differ in where they round the
 # probabilities (flex: before P @ V), so a few bf16 ulps (2^-8 relative each) of the largest entry.
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 4 * 2.0**-8}

@@ -1,4 +1,4 @@
-"""Index arithmetic of the SPEC 2.2 global layout, shared by the kernels.
+"""Index arithmetic of the global layout (docs/method.md §2.2), shared by the kernels.
 
 Positions 0..S-1 are sinks; position t >= S lies in block (t - S) // C. Sinks are given
 block -1 so "slot block < query block" and "same block" tests work for every position.
