@@ -48,6 +48,8 @@ def test_jcqa_local_through_the_harness(assets, tmp_path):
     assert set(summary) == {"anchormass_tiny/jcqa_local/acc", "anchormass_tiny/jcqa_local/acc_norm"}
     # 3 questions: every accuracy is a multiple of 1/3
     assert all(abs(3 * v - round(3 * v)) < 1e-9 and 0 <= v <= 1 for v in summary.values())
+    assert [it["doc_id"] for it in res["items"]] == [0, 1, 2] and all(len(it["loglik"]) == 5 for it in res["items"])
+    assert sum(it["acc"] for it in res["items"]) / 3 == pytest.approx(summary["anchormass_tiny/jcqa_local/acc"])
     assert res["task_configs"]["jcqa_local"]["num_fewshot"] == 3
     assert res["task_configs"]["jcqa_local"]["doc_to_text"].startswith("### 指示")
     report = (out / "report.md").read_text()
