@@ -39,7 +39,7 @@ def _cfg(*overrides):
 def test_jcqa_local_through_the_harness(assets, tmp_path):
     d, tok = assets
     cfg = _cfg("suite=lm_eval", "tasks=[jcqa_local]", "model=anchormass_tiny", f"model.vocab_size={VOCAB}",
-               f"tokenizer={tok}", f"eval.jcqa.dir={d}", "+eval.lm_eval.limit=3", f"out_dir={tmp_path / 'run'}",
+               f"tokenizer={tok}", f"eval.jcqa.dir={d}", "eval.lm_eval.limit=3", f"out_dir={tmp_path / 'run'}",
                "progress=false")
     out = run_evaluation(cfg)
     res = json.loads((out / "results.json").read_text())["suites"]["lm_eval"]
