@@ -67,7 +67,7 @@ class LmEvalSuite(Suite):
         # Indexing the harness's thousands of task files takes a while: only when a task needs them.
         manager = TaskManager(include_defaults=any(isinstance(s, str) for s in self.specs))
         for m in ctx.models:
-            lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 8)))
+            lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 1)))
             # The harness draws its own progress bars on stderr; keep them only when asked for.
             quiet = contextlib.nullcontext() if ctx.progress else contextlib.redirect_stderr(io.StringIO())
             with quiet:
