@@ -39,7 +39,7 @@ def _cfg(*overrides):
 def test_jcqa_local_through_the_harness(assets, tmp_path):
     d, tok = assets
     cfg = _cfg("suite=lm_eval", "tasks=[jcqa_local]", "model=anchormass_tiny", f"model.vocab_size={VOCAB}",
-               f"tokenizer={tok}", f"eval.jcqa.dir={d}", "+eval.lm_eval.limit=3", f"out_dir={tmp_path / 'run'}",
+               f"tokenizer={tok}", f"eval.jcqa.dir={d}", "eval.lm_eval.limit=3", f"out_dir={tmp_path / 'run'}",
                "progress=false")
     out = run_evaluation(cfg)
     res = json.loads((out / "results.json").read_text())["suites"]["lm_eval"]
@@ -48,6 +48,8 @@ def test_jcqa_local_through_the_harness(assets, tmp_path):
     assert set(summary) == {"anchormass_tiny/jcqa_local/acc", "anchormass_tiny/jcqa_local/acc_norm"}
     # 3 questions: every accuracy is a multiple of 1/3
     assert all(abs(3 * v - round(3 * v)) < 1e-9 and 0 <= v <= 1 for v in summary.values())
+    assert [it["doc_id"] for it in res["items"]] == [0, 1, 2] and all(len(it["loglik"]) == 5 for it in res["items"])
+    assert sum(it["acc"] for it in res["items"]) / 3 == pytest.approx(summary["anchormass_tiny/jcqa_local/acc"])
     assert res["task_configs"]["jcqa_local"]["num_fewshot"] == 3
     assert res["task_configs"]["jcqa_local"]["doc_to_text"].startswith("### 指示")
     report = (out / "report.md").read_text()
@@ -61,3 +63,38 @@ def test_missing_jcqa_folder_is_one_line(assets, tmp_path):
     with pytest.raises(AnchorMassError, match="JCommonsenseQA file not found"):
         run_evaluation(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def _harness_logliks(lm, specs, limit):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    out = lm_eval.simple_evaluate(model=lm, tasks=specs, limit=limit, task_manager=TaskManager(include_defaults=False),
+                                  log_samples=True, verbosity="ERROR")
+    return [float(r[0][0]) for s in out["samples"]["jcqa_local"] for r in s["resps"]]
+
+
+@pytest.mark.slow
+def test_exported_folders_give_the_harness_the_same_scores(assets, tmp_path):
+    """`lm_eval --model hf` on an exported folder scores what suite=lm_eval scores in memory:
+    identical for the remote-code folder, within fp32 rounding for the native Llama folder."""
+    from lm_eval.models.huggingface import HFLM
+
+    from _hf_helpers import tiny_checkpoint
+    from anchormass.eval.lm_eval_suite import harness_model
+    from anchormass.eval.suite import EvalModel
+    from anchormass.hf.export import export_checkpoint, load_source
+    from anchormass.hf.lm_eval_tasks import task_specs
+
+    d, tok = assets
+    specs = task_specs(["jcqa_local"], d)
+    for preset, tol in (("anchormass_tiny", 0.0), ("standard_tiny", 1e-4)):
+        ckpt = tiny_checkpoint(tmp_path / f"{preset}.ckpt", preset, tok, init_std=0.02)
+        folder = export_checkpoint(ckpt, tmp_path / preset)
+        model, hparams, tokenizer = load_source(ckpt)
+        em = EvalModel(label=preset, model=model, config=model.cfg, source=str(ckpt), hparams=hparams)
+        ours = _harness_logliks(harness_model(em, tokenizer, "cpu", 8), specs, 2)
+        exported = _harness_logliks(HFLM(pretrained=str(folder), trust_remote_code=True, batch_size=8, device="cpu"),
+                                    specs, 2)
+        assert len(ours) == 10 and len(exported) == 10
+        assert max(abs(a - b) for a, b in zip(ours, exported)) <= tol

@@ -63,20 +63,25 @@ class LmEvalSuite(Suite):
         import lm_eval
         from lm_eval.tasks import TaskManager
 
-        per_model, n_samples, configs = {}, {}, {}
+        per_model, n_samples, configs, items = {}, {}, {}, []
         # Indexing the harness's thousands of task files takes a while: only when a task needs them.
         manager = TaskManager(include_defaults=any(isinstance(s, str) for s in self.specs))
         for m in ctx.models:
-            lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 8)))
+            lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 1)))
             # The harness draws its own progress bars on stderr; keep them only when asked for.
             quiet = contextlib.nullcontext() if ctx.progress else contextlib.redirect_stderr(io.StringIO())
             with quiet:
                 out = lm_eval.simple_evaluate(
                     model=lm, tasks=self.specs, num_fewshot=self.opt("num_fewshot"), limit=self.opt("limit"),
                     task_manager=manager, random_seed=ctx.seed, fewshot_random_seed=int(self.opt("fewshot_seed", 1234)),
-                    log_samples=False, verbosity="ERROR")
+                    log_samples=True, verbosity="ERROR")
             per_model[m.label] = {task: {k: float(v) for k, v in res.items() if isinstance(v, (int, float))
                                          and not isinstance(v, bool)} for task, res in out["results"].items()}
+            # Per question: the harness's own per-item metrics (paired comparisons with suite=jcqa).
+            for task, samples in out.get("samples", {}).items():
+                items += [{"model": m.label, "task": task, "doc_id": smp["doc_id"],
+                           **{k: float(smp[k]) for k in ("acc", "acc_norm") if k in smp},
+                           "loglik": [float(r[0][0]) for r in smp["resps"]]} for smp in samples]
             n_samples = {task: dict(v) for task, v in out.get("n-samples", {}).items()}
             configs = {task: {k: cfg.get(k) for k in ("num_fewshot", "description", "doc_to_text",
                                                       "target_delimiter", "fewshot_delimiter")}
@@ -85,7 +90,7 @@ class LmEvalSuite(Suite):
                    for task, metrics in res.items() for metric, value in metrics.items()
                    if "stderr" not in metric and metric.endswith(",none")}
         return {"labels": list(per_model), "tasks": self.tasks, "results": per_model, "n_samples": n_samples,
-                "task_configs": configs, "harness_version": lm_eval.__version__, "summary": summary, "items": []}
+                "task_configs": configs, "harness_version": lm_eval.__version__, "summary": summary, "items": items}
 
     def report(self, result: dict) -> str:
         labels = result["labels"]

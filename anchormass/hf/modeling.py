@@ -25,6 +25,7 @@ from anchormass.hf.cache_adapter import AnchorMassHFCache
 from anchormass.inference.generate import prefill
 from anchormass.models import LanguageModel
 from anchormass.models.config import ModelConfig
+from anchormass.models.rope import ntk_base
 
 
 class AnchorMassHFConfig(PreTrainedConfig):
@@ -140,8 +141,6 @@ class AnchorMassForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _prefill_all(self, input_ids: torch.Tensor, cache: AnchorMassHFCache) -> torch.Tensor:
         """Hidden states of every prompt position through a fresh session (chunked like prefill)."""
-        from anchormass.models.rope import ntk_base
-
         cfg = self.model.cfg
         session = cache.start(self.model, input_ids.shape[0])
         session.rope_base = ntk_base(cfg.rope_theta, input_ids.shape[1], cfg.original_max_len, cfg.head_dim)
