@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
-from anchormass.utils import REPO_ROOT, sha256_file
+from anchormass.training.checkpoint import check_tokenizer, stored_path
+from anchormass.utils import sha256_file
 from anchormass.eval.suite import EvalModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -88,14 +89,6 @@ def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[Eva
     return models
 
 
-def _repo_relative(path: Path) -> Path:
-    """Checkpoints store paths relative to the checkout they were trained in (e.g. data/demo/...)."""
-    if path.is_absolute() or path.exists():
-        return path
-    alt = REPO_ROOT / path
-    return alt if alt.exists() else path
-
-
 def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
     """`tokenizer=` wins; else the checkpoints' own tokenizer (they must agree)."""
     if cfg.get("tokenizer"):
@@ -103,7 +96,7 @@ def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
         if not path.exists():
             raise DataError(f"tokenizer not found: {path}")
         return path
-    paths = [_repo_relative(Path(m.hparams["tokenizer_path"])) for m in models if m.hparams.get("tokenizer_path")]
+    paths = [stored_path(m.hparams["tokenizer_path"]) for m in models if m.hparams.get("tokenizer_path")]
     for p in paths:
         if not p.exists():
             raise DataError(f"tokenizer named by the checkpoint not found: {p} (pass tokenizer=<path>)")
@@ -119,11 +112,5 @@ def load_tokenizer(path: Path, models: list[EvalModel]):
 
     tok = Tokenizer.load(path)
     for m in models:
-        want = m.hparams.get("tokenizer_checksum")
-        if want and want != tok.checksum:
-            raise CheckpointError(f"tokenizer {path} (sha256 {tok.checksum[:12]}) is not the one model '{m.label}' "
-                                  f"was trained with ({want[:12]}); pass tokenizer=<the right file>")
-        if tok.vocab_size > m.config.vocab_size:
-            raise CheckpointError(f"tokenizer {path} has {tok.vocab_size} ids but model '{m.label}' only "
-                                  f"{m.config.vocab_size}: tokenizer and checkpoint do not match")
+        check_tokenizer(tok, m.hparams, m.config.vocab_size if m.config is not None else None, m.label)
     return tok

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from anchormass.errors import ConfigError
+from anchormass.errors import ConfigError, DataError
 
 FORMATS = ("auto", "llama", "anchormass")
 
@@ -34,16 +34,19 @@ def _quiet_transformers() -> None:
 
 def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
-    from anchormass.eval.loading import load_tokenizer, tokenizer_path
-    from anchormass.eval.suite import EvalModel
-    from anchormass.training.checkpoint import load_model
+    from anchormass.data.tokenizer import Tokenizer
+    from anchormass.training.checkpoint import check_tokenizer, load_model, stored_path
 
     model, hparams = load_model(ckpt)
-    em = EvalModel(label=Path(ckpt).stem, model=model, config=model.cfg, source=str(ckpt), hparams=hparams)
-    tok_path = tokenizer_path({"tokenizer": tokenizer}, [em])
-    if tok_path is None:
+    named = tokenizer if tokenizer is not None else hparams.get("tokenizer_path")
+    if not named:
         raise ConfigError(f"checkpoint {ckpt} names no tokenizer: pass tokenizer=<path to tokenizer.model>")
-    return model, hparams, load_tokenizer(tok_path, [em])
+    tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else stored_path(named)
+    if not tok_path.is_file():
+        raise DataError(f"tokenizer not found: {tok_path} (pass tokenizer=<path to tokenizer.model>)")
+    tok = Tokenizer.load(tok_path)
+    check_tokenizer(tok, hparams, model.cfg.vocab_size, Path(ckpt).stem)
+    return model, hparams, tok
 
 
 def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = None,

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from anchormass.utils import atomic_path
 from anchormass.errors import CheckpointError
+from anchormass.utils import REPO_ROOT, atomic_path
 
 STATE_PREFIX = "model."
 
@@ -84,3 +84,24 @@ def load_model(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[torc
     model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu")
     model.eval()
     return model, hparams
+
+
+def stored_path(path: str | os.PathLike) -> Path:
+    """A path a checkpoint stored: relative to the checkout it was trained in (e.g. data/demo/...)."""
+    path = Path(path)
+    if path.is_absolute() or path.exists():
+        return path
+    alt = REPO_ROOT / path
+    return alt if alt.exists() else path
+
+
+def check_tokenizer(tok, hparams: dict, vocab_size: int | None, label: str) -> None:
+    """Refuse a tokenizer other than the one the checkpoint was trained with (by checksum), or one
+    with more ids than the model's vocabulary."""
+    want = hparams.get("tokenizer_checksum")
+    if want and want != tok.checksum:
+        raise CheckpointError(f"tokenizer {tok.path} (sha256 {tok.checksum[:12]}) is not the one model '{label}' "
+                              f"was trained with ({want[:12]}); pass tokenizer=<the right file>")
+    if vocab_size is not None and tok.vocab_size > vocab_size:
+        raise CheckpointError(f"tokenizer {tok.path} has {tok.vocab_size} ids but model '{label}' only "
+                              f"{vocab_size}: tokenizer and checkpoint do not match")
