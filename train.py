@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -47,6 +48,25 @@ def through_launcher(argv: list[str]) -> list[str]:
 
 
 @exit_on_error
+def claim_run_dir(argv: list[str]) -> None:
+    """A single run claims its folder (training/run_dir.py) before Hydra writes its own records
+    there (.hydra/, train.log): a refused second launch must leave the running one's files alone.
+    Sweeps and launcher runs claim each job's folder inside the job; Hydra flags (--cfg, --help)
+    run nothing and claim nothing."""
+    from anchormass.training.run_dir import claim, is_launching_process
+
+    if any(a.startswith("-") for a in argv) or not is_launching_process():
+        return
+    try:
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "configs"), version_base="1.3"):
+            cfg = compose("train", overrides=argv, return_hydra_config=True)
+        run_dir, resume, overwrite = cfg.hydra.run.dir, cfg.get("ckpt_path"), cfg.get("overwrite")
+    except Exception:  # bad overrides: Hydra reports them in its own words when it runs below
+        return
+    claim(run_dir, resume=bool(resume), overwrite=bool(overwrite))
+
+
+@exit_on_error
 def check_run_dir(argv: list[str]) -> None:
     """Hydra creates its run folder before any of our code runs; an unwritable one must still
     fail with one line and exit 2, so check an explicit hydra.run.dir first."""
@@ -61,4 +81,5 @@ if __name__ == "__main__":
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     check_run_dir(sys.argv[1:])
     sys.argv[1:] = through_launcher(sys.argv[1:])
+    claim_run_dir(sys.argv[1:])
     main()

@@ -61,7 +61,11 @@ class DirLock:
         by its releasing holder before our flock lands; a lock on that orphan would exclude
         nobody, so then try again on the new file."""
         while True:
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                self.lock_file.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise ConfigError(f"cannot create the lock file of {self.what}: {err.strerror or err}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 same = os.path.samestat(os.fstat(fd), os.stat(self.lock_file))
@@ -72,6 +76,9 @@ class DirLock:
                                  f"wait for it to finish or use another folder") from None
             except FileNotFoundError:
                 same = False
+            except OSError as err:  # e.g. a network filesystem mounted without lock support
+                os.close(fd)
+                raise ConfigError(f"cannot lock {self.what} ({self.lock_file}): {err.strerror or err}") from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -82,7 +89,6 @@ class DirLock:
     def acquire(self) -> "DirLock":
         if self._fd is not None:
             return self
-        self.lock_file.parent.mkdir(parents=True, exist_ok=True)
         fd = self._open_locked()
         self.previous = _read_holder(fd) or None
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, tiny_datasets, train_cmd
 from anchormass.data.testing import tiny_pretrain
@@ -21,6 +22,22 @@ from anchormass.training.run_dir import LOCK_FILE
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
+
+
+class HoldUntil(Callback):
+    """Test hook (loaded by train.py subprocesses): after optimizer step `step`, create
+    `<path>.waiting` and wait until the file `path` exists, so the run is surely still going
+    while the test does something else."""
+
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            open(f"{self.path}.waiting", "w").close()
+        deadline = time.monotonic() + 300
+        while trainer.global_step == self.step and not os.path.exists(self.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def dead_pid() -> int:
@@ -45,20 +62,24 @@ def wait_for(predicate, proc, seconds: float = 240) -> None:
 def test_concurrent_launch_into_the_same_folder_is_refused_in_one_line(data, tmp_path):
     out = tmp_path / "run"
     over = [f"data_dir={data['pretrain']}", *FAST, "stage.total_steps=4"]
-    # The first run is slowed after its first step so that it is surely still training.
-    slow = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=1",
-            "+callbacks.slow.seconds=1.0"]
-    first = subprocess.Popen(train_cmd(over + slow, out), cwd=REPO, env=subprocess_env(),
+    # The first run waits after step 1 (holding its folder) until the test lets it go on.
+    go_on = tmp_path / "go_on"
+    hold = ["+callbacks.hold._target_=test_run_dir.HoldUntil", "+callbacks.hold.step=1", f"+callbacks.hold.path={go_on}"]
+    first = subprocess.Popen(train_cmd(over + hold, out), cwd=REPO, env=subprocess_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (out / LOCK_FILE).is_file() and (out / LOCK_FILE).stat().st_size > 0, first)
+        wait_for((tmp_path / "go_on.waiting").is_file, first)
+        records = {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()}
         second = run_train(over, out)
         assert second.returncode == 2, second.stderr[-3000:]
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "is in use" in lines[0], second.stderr
         assert f"pid {first.pid} on " in lines[0] and "started " in lines[0]
         assert first.poll() is None, "the refusal must not have disturbed the first run"
+        # Refused before Hydra wrote anything: the first run's record of its config is intact.
+        assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == records
     finally:
+        go_on.touch()
         _, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-3000:]
     # Only the first run's files: no -v1 duplicates, its own result, its lock released.

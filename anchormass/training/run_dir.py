@@ -14,6 +14,7 @@ Only the process that starts a run claims its folder: the other ranks of a multi
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -74,3 +75,10 @@ def release(folder: str | os.PathLike) -> None:
     lock = _held.pop(Path(folder).resolve(), None)
     if lock is not None:
         lock.release()
+
+
+@atexit.register
+def _release_all() -> None:
+    # A process that exits normally never leaves a lock that looks like a crashed run's.
+    for folder in list(_held):
+        release(folder)
