@@ -228,3 +228,15 @@ def test_stored_bytes_agree_with_the_independent_accounting(tiny_models):
             # budget + one block's slots of capacity, not budget + a prefill chunk's
             assert cache.nbytes < prefill_end
             assert all(layer.capacity == 8 + am.cfg.slots_per_block for layer in cache.layers)
+
+
+def test_matched_budget_charges_snapkv_for_fed_tokens_and_says_when_it_cannot():
+    from anchormass.cache.kv_policies import H2O, SnapKV
+    from anchormass.eval.baselines import matched_budget
+
+    assert matched_budget(H2O(), 71.6, fed=62) == (72, None)
+    assert matched_budget(SnapKV(window=8), 71.6, fed=62) == (10, None)
+    budget, note = matched_budget(SnapKV(window=32), 71.6, fed=62)
+    assert budget == 32 and "raised to 32" in note and "window" in note
+    budget, note = matched_budget(SnapKV(window=8), 30, fed=62)
+    assert budget == 8 and note.startswith("budget raised to 8")

@@ -33,3 +33,18 @@ def test_suite_all_skips_what_does_not_apply_with_a_reason(tmp_path):
     report = (out / "report.md").read_text()
     for name in ("policies", "jcqa", "ppl"):
         assert f"suite `{name}` skipped" in report
+
+
+def test_git_state_is_taken_when_the_run_starts(tmp_path, monkeypatch):
+    """A long run must record the code it loaded, not the tree as it is when the run ends."""
+    import json
+
+    import anchormass.eval.runner as runner
+
+    states = iter([{"commit": "a" * 40, "dirty": False, "modified": 0, "untracked_source": []},
+                   {"commit": "b" * 40, "dirty": True, "modified": 3, "untracked_source": []}])
+    monkeypatch.setattr(runner, "git_state", lambda: next(states))
+    out = run_evaluation({"suite": "all", "all_suites": ["policies"], "model": "standard_tiny",
+                          "out_dir": str(tmp_path / "o"), "progress": False})
+    res = json.loads((out / "results.json").read_text())
+    assert res["git"]["commit"] == "a" * 40 and res["git_commit"] == "a" * 40

@@ -71,6 +71,7 @@ def matched_budget(policy: KVPolicy, target_tokens: float, fed: int) -> tuple[in
     and why it cannot be reached (None when it can): a bounded policy keeps its budget; an
     unbounded one (SnapKV) keeps its budget of the prompt plus every token fed after it."""
     want = round(target_tokens) - (0 if policy.bounded else fed)
+    last = f"the matched budget would be {want} tokens"
     for budget in range(max(1, want), max(1, want) + 100_000):
         try:
             policy.bind(budget)
@@ -294,8 +295,8 @@ class BaselinesSuite(Suite):
             body.append([r["task"], f"{r['length']:,}", r["level"], r["method"], budget,
                          f"{r['stored_prefill'] / KIB:,.1f} → {r['stored_end'] / KIB:,.1f}", ratio,
                          f"{r['allocated_prefill'] / KIB:,.1f} / {r['allocated_peak'] / KIB:,.1f}", score, r["n"]])
-        target = ("the target of a level is AnchorMass's mean stored bytes after the last token"
-                  if s["anchormass"] else "the target of a level is that many Standard tokens' K+V")
+        target = ("The target of a level is AnchorMass's mean stored bytes after the last token"
+                  if s["anchormass"] else "The target of a level is that many Standard tokens' K+V")
         notes = sorted({f"{r['method']} {r['level']} L={r['length']:,}: {n}" for r in result["rows"] for n in r["notes"]})
         text = (f"## KV compression baselines at equal stored KV bytes\n\n{tables.markdown(head, body)}\n"
                 f"Stored = keys, values and masses a method keeps (`cache.stored_nbytes`), at the end of the prefill "

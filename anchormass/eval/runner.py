@@ -152,8 +152,8 @@ def _run_suites(suites: list[Suite], ctx: EvalContext, plots_dir: Path) -> tuple
     return results, sections
 
 
-def _metadata(cfg: dict, names: list[str], is_all: bool, ctx: EvalContext, tok_path: Path | None) -> dict:
-    git = git_state()
+def _metadata(cfg: dict, names: list[str], is_all: bool, ctx: EvalContext, tok_path: Path | None,
+              git: dict | None) -> dict:
     return {
         "suite": names if not is_all else "all",
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -195,6 +195,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     None they are loaded from cfg. Returns the output folder.
     """
     cfg = _plain_config(cfg)
+    git = git_state()  # the code as it is loaded now, not as the tree is when a long run ends
     names, is_all = suite_list(cfg)
     device = resolve_device(cfg.get("device"))
     if models is None:
@@ -220,7 +221,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     def write(staging: Path) -> None:
         results, sections = _run_suites(runnable, ctx, staging)
         results.update({name: {"skipped": reason} for name, reason in skipped.items()})
-        meta = _metadata(cfg, names, is_all, ctx, tok_path)
+        meta = _metadata(cfg, names, is_all, ctx, tok_path, git)
         atomic_write_json(staging / "results.json", {**meta, "suites": results})
         atomic_write_text(staging / "report.md", _report(meta, sections, skipped))
 
