@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.logging_setup import apply_verbosity
 from anchormass.training.callbacks import TrainingDiverged
 
 
@@ -18,6 +19,7 @@ from anchormass.training.callbacks import TrainingDiverged
 def main(cfg: DictConfig) -> None:
     from anchormass.training.run import train
 
+    apply_verbosity(cfg)
     try:
         result = train(cfg)
     except TrainingDiverged as err:  # not bad input: its own exit code, same one-line style
