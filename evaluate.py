@@ -1,4 +1,4 @@
-"""Evaluate one model, or compare two on identical items (SPEC 6).
+"""Evaluate one model, or compare two on identical items (docs/method.md §6).
 
     python evaluate.py suite=ppl ckpt=runs/a.ckpt compare_ckpt=runs/b.ckpt eval=demo
     python evaluate.py suite=profile model=anchormass_tiny compare_model=standard_tiny
@@ -7,13 +7,13 @@ Writes results.json, report.md and PNG plots into out_dir; bad input exits 2 wit
 """
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, exit_on_error
 from anchormass.eval.runner import run_evaluation
+from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
@@ -22,11 +22,11 @@ def evaluate(cfg: DictConfig) -> None:
     print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     evaluate(cfg)
 
 
 if __name__ == "__main__":
-    check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
+    check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()

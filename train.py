@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.logging_setup import apply_verbosity
 from anchormass.training.callbacks import TrainingDiverged
 
 
@@ -24,6 +25,7 @@ from anchormass.training.callbacks import TrainingDiverged
 def main(cfg: DictConfig) -> float | None:
     from anchormass.training.run import train
 
+    apply_verbosity(cfg)
     try:
         result = train(cfg)
     except TrainingDiverged as err:  # not bad input: its own exit code, same one-line style

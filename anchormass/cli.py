@@ -27,20 +27,28 @@ def check_group_choices(config_dir, argv: list[str]) -> None:
     Hydra reports these itself, but over several lines and with exit code 1, before any of our
     code runs; checking argv first keeps every entry point's bad-input contract (one line, exit 2).
     Sweeps (`model=a,b`) are checked option by option; anything that is not a plain group
-    choice (dotted keys, lists, interpolations) is left to Hydra.
+    choice (dotted keys, lists, interpolations) is left to Hydra. Folders added with
+    `hydra.searchpath=[file://...]` are searched too; other search-path kinds are Hydra's to check.
     """
     from pathlib import Path
 
     from anchormass.errors import ConfigError
 
-    root = Path(config_dir)
+    roots = [Path(config_dir)]
+    for arg in argv:
+        if arg.startswith("hydra.searchpath="):
+            for entry in filter(None, arg.split("=", 1)[1].strip("[]").split(",")):
+                if not entry.strip().startswith("file://"):
+                    return
+                roots.append(Path(entry.strip().removeprefix("file://")))
     for arg in argv:
         key, eq, value = arg.lstrip("+").partition("=")
-        if not eq or "." in key or "/" in key or not (root / key).is_dir():
+        groups = [root / key for root in roots if (root / key).is_dir()]
+        if not eq or "." in key or "/" in key or not groups:
             continue
         if any(c in value for c in "[]${}()/") or value.endswith(".yaml") or value in ("", "null"):
             continue
         for option in value.split(","):
-            if not (root / key / f"{option}.yaml").is_file():
-                known = ", ".join(sorted(p.stem for p in (root / key).glob("*.yaml")))
+            if not any((group / f"{option}.yaml").is_file() for group in groups):
+                known = ", ".join(sorted({p.stem for group in groups for p in group.glob("*.yaml")}))
                 raise ConfigError(f"unknown {key} '{option}'; choose one of: {known}")

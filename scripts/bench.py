@@ -1,121 +1,105 @@
 #!/usr/bin/env python
 """Standard vs AnchorMass, side by side in one process: prefill, training step, decode, cache bytes,
-peak memory, and the issue-7 targets as measured ratios with PASS / MISS.
+peak memory, and the targets as measured ratios with PASS / MISS.
 
-    python scripts/bench.py                      # CPU, mini configs (<= 5 min)
-    python scripts/bench.py --device cuda        # GPU, 158m models, 4K .. 256K
-    python scripts/bench.py --preset toy         # seconds: tiny models, short sequences
+    python scripts/bench.py threads=1            # CPU, mini configs (<= 5 min)
+    python scripts/bench.py device=cuda          # GPU, 158m models, 4K .. 256K
+    python scripts/bench.py preset=toy           # seconds: tiny models, short sequences
 
-Writes <out>/bench.md, bench.json and bench.png (default out: outputs/bench/<preset>).
-On a machine shared with other jobs, pass --threads 1: oversubscribed intra-op threads spin and
-inflate wall-clock times several-fold (the tables also give every time ratio on CPU time).
+Options: configs/bench.yaml. Writes <out>/bench.md, bench.json and bench.png (default out:
+outputs/bench/<preset>). On a machine shared with other jobs, pass threads=1: oversubscribed
+intra-op threads spin and inflate wall-clock times several-fold (the tables also give every time
+ratio on CPU time).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+import hydra
+from omegaconf import DictConfig, ListConfig
 
-from anchormass.cli import exit_on_error  # noqa: E402
-from anchormass.errors import ConfigError  # noqa: E402
+from anchormass.bench.suite import SECTIONS
+from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.config_checks import check_numbers
+from anchormass.errors import ConfigError
+from anchormass.utils import CONFIG_ROOT
 
-from anchormass.bench.suite import SECTIONS  # noqa: E402
+# Options given to the preset as they are (lengths and shapes are parsed first).
+TEXT = ("standard", "anchormass", "dtype", "device")
+WHOLE = ("repeats", "warmup", "decode_windows", "decode_budget", "chunk", "seed")
 
 
-def _lengths(text: str) -> list[int]:
-    """'8K,32K' or '8192,32768' -> [8192, 32768]."""
+def _items(key: str, value) -> list:
+    """A list option as given on the command line: [8K,32K], or one value."""
+    items = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    if not items:
+        raise ConfigError(f"{key}: give one or more values, e.g. {key}=[8K,32K]")
+    return items
+
+
+def _length(key: str, item) -> int:
+    """8K or 8192 -> 8192."""
+    text = str(item).strip().upper()
+    try:
+        n = int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    except ValueError:
+        raise ConfigError(f"{key}: bad length '{item}' (use e.g. 8K or 8192)") from None
+    if n <= 0:
+        raise ConfigError(f"{key}: lengths must be positive, got {item}")
+    return n
+
+
+def lengths(key: str, value) -> list[int]:
+    return [_length(key, item) for item in _items(key, value)]
+
+
+def shapes(key: str, value) -> list[list[int]]:
+    """[4x1K,1x4K] -> [[4, 1024], [1, 4096]] (batch x sequence length)."""
     out = []
-    for part in filter(None, text.split(",")):
-        part = part.strip().upper()
-        try:
-            out.append(int(part[:-1]) * 1024 if part.endswith("K") else int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad length '{part}' (use e.g. 8K or 8192)") from None
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError("need one or more positive lengths")
+    for item in _items(key, value):
+        batch, x, seq = str(item).strip().upper().partition("X")
+        if not x or not batch.isdigit() or int(batch) <= 0:
+            raise ConfigError(f"{key}: bad shape '{item}' (use e.g. 4x1K)")
+        out.append([int(batch), _length(key, seq)])
     return out
-
-
-def _shapes(text: str) -> list[list[int]]:
-    """'4x1K,1x4K' -> [[4, 1024], [1, 4096]] (batch x sequence length)."""
-    out = []
-    for part in filter(None, text.split(",")):
-        batch, _, seq = part.strip().upper().partition("X")
-        try:
-            out.append([int(batch), _lengths(seq)[0]])
-        except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"bad shape '{part}' (use e.g. 4x1K)") from None
-    if not out or min(b for b, _ in out) <= 0:
-        raise argparse.ArgumentTypeError("need one or more shapes like 4x1K")
-    return out
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, like every other bad input
-        raise ConfigError(f"{self.prog}: {message}")
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = _Parser(prog="bench.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default=None, help="cpu_mini (default on CPU), cuda_158m (default on CUDA), toy")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the preset's (cpu)")
-    p.add_argument("--out", default=None, help="output folder (default outputs/bench/<preset>)")
-    p.add_argument("--standard", help="Standard model preset or YAML")
-    p.add_argument("--anchormass", help="AnchorMass model preset or YAML")
-    p.add_argument("--dtype", help="float32 / bfloat16 / float16")
-    p.add_argument("--repeats", type=int, help="timed repeats (after warm-up) for prefill and training")
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--decode-windows", type=int)
-    p.add_argument("--decode-budget", type=int, help="AnchorMass slot budget in decode and memory sessions")
-    p.add_argument("--prefill-lengths", type=_lengths)
-    p.add_argument("--decode-lengths", type=_lengths)
-    p.add_argument("--memory-lengths", type=_lengths)
-    p.add_argument("--train-shapes", type=_shapes, help="batch x length list, e.g. 4x1K,1x4K")
-    p.add_argument("--chunk", type=int, help="prefill chunk size")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--skip", default="", help=f"comma list of sections to skip: {','.join(SECTIONS)}")
-    p.add_argument("--seed", type=int)
-    return p.parse_args(argv)
 
 
 @exit_on_error
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run(cfg: DictConfig) -> int:
+    check_numbers(cfg, dict.fromkeys((*WHOLE, "threads"), int), message="must be a whole number")
+    if cfg.device not in (None, "cpu", "cuda"):
+        raise ConfigError(f"device must be cpu or cuda, got {cfg.device!r}")
+    skip = [str(s) for s in _items("skip", cfg.skip)] if cfg.skip not in (None, []) else []
+    unknown = sorted(set(skip) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"skip: unknown section(s) {unknown}; sections are {', '.join(SECTIONS)}")
+    for key in ("repeats", "decode_windows", "chunk", "decode_budget", "threads"):
+        if cfg[key] is not None and int(cfg[key]) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
+    overrides = {k: str(cfg[k]) for k in TEXT if cfg[k] is not None}
+    overrides.update({k: int(cfg[k]) for k in WHOLE if cfg[k] is not None})
+    overrides.update({k: lengths(k, cfg[k]) for k in ("prefill_lengths", "decode_lengths", "memory_lengths")
+                      if cfg[k] is not None})
+    if cfg.train_shapes is not None:
+        overrides["train_shapes"] = shapes("train_shapes", cfg.train_shapes)
+    name = cfg.preset or ("cuda_158m" if cfg.device == "cuda" else "cpu_mini")
+    out_dir = Path(cfg.out or Path("outputs") / "bench" / name)
+
     import torch
 
     from anchormass.bench import report, suite, targets
 
-    name = args.preset or ("cuda_158m" if args.device == "cuda" else "cpu_mini")
-    overrides = {k: v for k, v in {
-        "standard": args.standard, "anchormass": args.anchormass, "dtype": args.dtype, "repeats": args.repeats,
-        "warmup": args.warmup, "decode_windows": args.decode_windows, "decode_budget": args.decode_budget,
-        "prefill_lengths": args.prefill_lengths, "decode_lengths": args.decode_lengths,
-        "memory_lengths": args.memory_lengths, "train_shapes": args.train_shapes, "chunk": args.chunk,
-        "seed": args.seed}.items() if v is not None}
-    if args.device is not None:
-        overrides["device"] = args.device
-    cfg = suite.preset(name, **overrides)
-    for key in ("repeats", "decode_windows", "chunk", "decode_budget"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")
-    skip = [s for s in args.skip.split(",") if s]
-    unknown = sorted(set(skip) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"--skip: unknown section(s) {unknown}; sections are {', '.join(SECTIONS)}")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    out_dir = Path(args.out or Path("outputs") / "bench" / name)
-    try:  # before the run: a bad --out must not cost a whole benchmark and end in a traceback
+    bench_cfg = suite.preset(name, **overrides)
+    if cfg.threads is not None:
+        torch.set_num_threads(int(cfg.threads))
+    try:  # before the run: a bad out must not cost a whole benchmark and end in a traceback
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"--out: cannot use '{out_dir}' as the output folder ({err.strerror})") from None
+        raise ConfigError(f"out: cannot use '{out_dir}' as the output folder ({err.strerror})") from None
 
-    result = suite.Bench(cfg).run(skip=skip)
+    result = suite.Bench(bench_cfg).run(skip=skip)
     target_rows = targets.evaluate(result)
     paths = report.write_all(result, target_rows, out_dir)
     print(report.render(result, target_rows))
@@ -124,5 +108,11 @@ def main(argv=None) -> int:
     return 0
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="bench")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    main()

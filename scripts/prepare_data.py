@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from anchormass.cli import check_group_choices, exit_on_error  # noqa: E402
-from anchormass.data.prepare import prepare  # noqa: E402
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.data.prepare import prepare
+from anchormass.utils import CONFIG_ROOT
 
 # The primary config lives here (only the `data` group is in configs/): no run folder, no log file.
 ConfigStore.instance().store(name="prepare_data", node={
@@ -37,11 +33,11 @@ def run(cfg: DictConfig) -> None:
                       "seconds": meta["seconds"]}, indent=1))
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="prepare_data")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="prepare_data")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 
 
 if __name__ == "__main__":
-    check_group_choices(CONFIG_DIR, sys.argv[1:])
+    check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()

@@ -1,6 +1,7 @@
 """Suite-wide test settings."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Subprocesses the tests start (training runs, DDP workers) inherit this: on a 2-core CI machine two
 # processes of two threads each oversubscribe the cores and stall.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Scripts the tests start (`python scripts/...`, `python train.py`) import this checkout's package,
+# whichever checkout an editable install in the environment points at.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(autouse=True, scope="session")

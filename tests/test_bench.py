@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from anchormass.bench import measure, report, suite, targets
 
@@ -154,22 +155,35 @@ def _load_cli():
     return module
 
 
-@pytest.mark.parametrize("argv", [["--preset", "nope"], ["--preset", "toy", "--skip", "lunch"],
-                                  ["--preset", "toy", "--repeats", "0"],
-                                  ["--preset", "toy", "--standard", "anchormass_tiny"],
-                                  ["--preset", "toy", "--train-shapes", "4y1K"], ["--prefill-lengths", "-8K"],
-                                  ["--preset", "toy", "--threads", "-1"], ["--preset", "toy", "--dtype", "int8"],
-                                  ["--preset", "toy", "--out", __file__]])
-def test_cli_rejects_bad_input_with_one_line(argv, capsys):
+def _bench_config(overrides: list[str]):
+    """configs/bench.yaml with command-line overrides, composed as scripts/bench.py's Hydra main does."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("bench", overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides", [["preset=nope"], ["preset=toy", "skip=[lunch]"], ["preset=toy", "repeats=0"],
+                                       ["preset=toy", "repeats=two"], ["preset=toy", "standard=anchormass_tiny"],
+                                       ["preset=toy", "train_shapes=[4y1K]"], ["prefill_lengths=[-8K]"],
+                                       ["prefill_lengths=[8Q]"], ["preset=toy", "threads=-1"],
+                                       ["preset=toy", "dtype=int8"], ["preset=toy", "device=tpu"],
+                                       ["preset=toy", f"out={__file__}"]])
+def test_cli_rejects_bad_input_with_one_line(overrides, capsys):
     with pytest.raises(SystemExit) as exc:
-        _load_cli().main(argv)
+        _load_cli().run(_bench_config(overrides))
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
 
 
+def test_cli_parses_lengths_and_shapes():
+    cli = _load_cli()
+    assert cli.lengths("prefill_lengths", ["8K", 32768]) == [8192, 32768]
+    assert cli.lengths("prefill_lengths", "2K") == [2048]
+    assert cli.shapes("train_shapes", ["4x1K", "1X4096"]) == [[4, 1024], [1, 4096]]
+
+
 def test_cli_exits_2_as_a_process():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "nope"],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "preset=nope"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown bench preset"), proc.stderr
 

@@ -25,7 +25,8 @@ def test_unknown_choice_exits_2(capsys):
     assert err.startswith("error: unknown model 'anchormas_tiny'") and "\n" not in err
 
 
-@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "scripts/prepare_data.py"])
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "scripts/prepare_data.py", "scripts/run_curriculum.py",
+                                    "scripts/bench.py"])
 def test_every_entry_point_checks_before_hydra(script):
     proc = subprocess.run([sys.executable, script, "data=no_such_dataset"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
@@ -34,18 +35,29 @@ def test_every_entry_point_checks_before_hydra(script):
     assert "unknown data 'no_such_dataset'" in proc.stderr
 
 
-def test_run_curriculum_refuses_bad_parallel_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/run_curriculum.py", "parallel=two", f"runs_root={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "error: parallel must be a whole number of models, got 'two'"
-    assert not any(tmp_path.iterdir())
+def test_search_path_folders_hold_group_choices_too(tmp_path):
+    (tmp_path / "curriculum").mkdir()
+    (tmp_path / "curriculum" / "mine.yaml").write_text("name: mine\n")
+    check_group_choices(CONFIGS, [f"hydra.searchpath=[file://{tmp_path}]", "curriculum=mine"])
+    with pytest.raises(SystemExit):
+        check_group_choices(CONFIGS, ["curriculum=mine"])
 
 
-def test_run_curriculum_refuses_a_comparison_of_one_model_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/run_curriculum.py", "models=standard_tiny",
-                           f"runs_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def run_curriculum(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/run_curriculum.py", *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["curriculum.parallel=two"], "error: curriculum.parallel must be a whole number of models >= 1, got 'two'"),
+    (["verbose=3"], "error: verbose must be 0 (quiet), 1 (default) or 2 (everything), got 3"),
+    (["evaluate=maybe"], "error: evaluate must be true or false, got 'maybe'"),
+    (["curriculum=nope"], "error: unknown curriculum 'nope'; choose one of: full_158m, mini"),
+    (["curriculum.models=[standard_tiny]"], "error: the closing comparison needs two models, got "
+                                            "curriculum.models=[standard_tiny]; pass two models or evaluate=false"),
+])
+def test_run_curriculum_refuses_bad_options_in_one_line_before_any_work(tmp_path, overrides, message):
+    proc = run_curriculum(*overrides, f"runs_root={tmp_path}")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().startswith("error: the closing comparison needs two models")
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.strip() == message
     assert not any(tmp_path.iterdir())

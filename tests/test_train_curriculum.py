@@ -5,11 +5,18 @@ import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from _train_helpers import REPO, subprocess_env
+from _train_helpers import CONFIG_DIR, REPO, subprocess_env
 from anchormass.errors import ConfigError
-from anchormass.training.curriculum import command, datasets, load_curriculum, merge_overrides, plan
+from anchormass.training.curriculum import check_curriculum, command, datasets, merge_overrides, plan, stage_overrides
+
+
+def load_curriculum(name: str):
+    """configs/curriculum/<name>.yaml as scripts/run_curriculum.py composes it."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return check_curriculum(compose("run_curriculum", overrides=[f"curriculum={name}"]).curriculum)
 
 
 def test_mini_plan_chains_stages_for_both_models(tmp_path):
@@ -38,6 +45,14 @@ def test_full_curriculum_plans_and_datasets():
     assert folders == ["aozora", "longctx_8k", "longctx_16k", "longctx_32k", "alpaca"]
 
 
+def test_runner_options_stay_with_the_runner_and_the_rest_go_to_every_stage():
+    task = ["curriculum=full_158m", "curriculum.parallel=1", "runs_root=/r", "evaluate=false", "verbose=2",
+            "trainer=ddp", "trainer.devices=8", "+optim.foo=1"]
+    hydra = ["hydra.searchpath=[file:///x]", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"]
+    assert stage_overrides(task, hydra) == ["trainer=ddp", "trainer.devices=8", "+optim.foo=1", "hydra/launcher=slurm",
+                                            "hydra.launcher.partition=gpu"]
+
+
 def test_merge_overrides_later_wins():
     assert merge_overrides(["trainer=gpu", "a.b=1", "trainer=ddp", "a.b=2"]) == ["trainer=ddp", "a.b=2"]
 
@@ -56,42 +71,70 @@ def test_command_resumes_own_checkpoint_else_starts_from_parent(tmp_path):
 
 
 def test_bad_curricula_are_rejected(tmp_path):
-    with pytest.raises(ConfigError, match="unknown curriculum"):
-        load_curriculum("nope")
-    bad = tmp_path / "bad.yaml"
-    OmegaConf.save({"name": "x", "models": ["standard_tiny"],
-                    "stages": [{"stage": "warmup_4k", "data": "demo", "init_from": "pretrain_1k"}]}, bad)
+    stages = [{"stage": "warmup_4k", "data": "demo", "init_from": "pretrain_1k"}]
+    with pytest.raises(ConfigError, match="lacks 'stages'"):
+        check_curriculum(OmegaConf.create({"name": "x", "models": ["standard_tiny"]}))
+    with pytest.raises(ConfigError, match="needs 'stage' and 'data'"):
+        check_curriculum(OmegaConf.create({"name": "x", "models": ["a"], "stages": [{"stage": "warmup_4k"}]}))
+    for parallel in ("two", 0, 1.5, True):
+        with pytest.raises(ConfigError, match="curriculum.parallel must be a whole number"):
+            check_curriculum(OmegaConf.create({"name": "x", "models": ["a"], "stages": stages, "parallel": parallel}))
+    bad = check_curriculum(OmegaConf.create({"name": "x", "models": ["standard_tiny"], "stages": stages}))
     with pytest.raises(ConfigError, match="not an earlier stage"):
-        plan(load_curriculum(str(bad)), tmp_path, [])
+        plan(bad, tmp_path, [])
 
 
 @pytest.mark.slow
 def test_tiny_curriculum_end_to_end(tmp_path):
-    """run_curriculum.py: prepares its data, trains 2 chained stages, a rerun skips them (one model here:
-    both models' plans are checked above, and each run costs a process start)."""
+    """run_curriculum.py: prepares its data, trains 2 chained stages with a clean console (each
+    stage's whole output in its train.log), a rerun skips them, and a failing stage shows its log's
+    path and tail (one model here: both models' plans are checked above, and each run costs a
+    process start)."""
     data = str(tmp_path / "data" / "demo")
     shrink = [f"data.out_dir={data}", "data.source.params.n_docs=30", "data.source.params.min_sentences=40",
               "data.source.params.max_sentences=80", "data.tokenizer.vocab_size=400"]
     fast = {"global_batch_size": 2, "micro_batch_size": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1,
             "ckpt_every": 2}
     cur = {"name": "t", "models": ["anchormass_tiny"], "trainer": "cpu",
-           "overrides": ["logger=none", "trainer.enable_progress_bar=false", "stage.datamodule.num_workers=0",
-                         "torch_threads=1"],
+           "overrides": ["logger=none", "stage.datamodule.num_workers=0", "torch_threads=1"],
            "stages": [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "data_overrides": shrink,
                        "set": {**fast, "seq_len": 32, "total_steps": 2}},
                       {"stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo", "data_overrides": shrink,
                        "set": {**fast, "seq_len": 64, "total_steps": 2}}]}
-    path = tmp_path / "t.yaml"
-    OmegaConf.save(cur, path)
-    cmd = [sys.executable, str(REPO / "scripts" / "run_curriculum.py"), f"curriculum={path}",
-           f"runs_root={tmp_path / 'runs'}", "evaluate=false"]
+    (tmp_path / "configs" / "curriculum").mkdir(parents=True)
+    OmegaConf.save(cur, tmp_path / "configs" / "curriculum" / "t.yaml")
+    cmd = [sys.executable, str(REPO / "scripts" / "run_curriculum.py"), f"hydra.searchpath=[file://{tmp_path / 'configs'}]",
+           "curriculum=t", f"runs_root={tmp_path / 'runs'}", "evaluate=false"]
     proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "t" / "anchormass_tiny"
     summary = json.loads((tmp_path / "runs" / "t" / "curriculum.json").read_text())
     assert [(s["model"], s["stage"], s["global_step"]) for s in summary["stages"]] == [
         ("anchormass_tiny", "pretrain_1k", 2), ("anchormass_tiny", "warmup_4k", 2)]
-    hp = __import__("torch").load(tmp_path / "runs" / "t" / "anchormass_tiny" / "warmup_4k" / "checkpoints" /
-                                  "last.ckpt", weights_only=False)["hyper_parameters"]
+    hp = __import__("torch").load(run_dir / "warmup_4k" / "checkpoints" / "last.ckpt",
+                                  weights_only=False)["hyper_parameters"]
     assert hp["trained_lengths"] == [32, 64]
+    # The console: a line per finished stage and the table; the libraries' chatter and the
+    # train.py command lines are only in the stages' logs.
+    console = proc.stdout + proc.stderr
+    assert [line.split()[:3] for line in console.splitlines() if " done " in line] == [
+        ["anchormass_tiny", "pretrain_1k", "done"], ["anchormass_tiny", "warmup_4k", "done"]]
+    for noise in ("GPU available", "Tip", "Trainable params", "hydra.run.dir=", "Epoch 0"):
+        assert noise not in console
+    log = (run_dir / "warmup_4k" / "train.log").read_text()
+    for kept in ("GPU available", "Trainable params", "hydra.run.dir=", "done: step 2"):
+        assert kept in log
+    last = json.loads((run_dir / "warmup_4k" / "progress.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == last["total"] == 2 and last["loss"] > 0 and last["tokens_per_s"] > 0
+
     again = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and again.stdout.count("already done, skipped") == 2
+    assert again.returncode == 0 and again.stdout.count("skipped (already done)") == 2, again.stdout
+
+    # A stage that fails: its log's path and last lines on the console, the stage's exit code.
+    failing = [*cmd[:-2], f"runs_root={tmp_path / 'failing'}", "evaluate=false", "stage.total_steps=many"]
+    fail = subprocess.run(failing, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    log = tmp_path / "failing" / "t" / "anchormass_tiny" / "pretrain_1k" / "train.log"
+    assert fail.returncode == 2, fail.stdout + fail.stderr
+    assert "pretrain_1k  FAILED: exit 2" in fail.stdout and f"log: {log}" in fail.stdout
+    assert "| error: stage.total_steps must be a whole number, got 'many'" in fail.stdout
+    assert "warmup_4k" not in fail.stdout  # the chain stops at its first failure

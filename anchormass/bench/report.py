@@ -111,7 +111,7 @@ def _busy_note(result: dict) -> str | None:
         return None
     return (f"> NOTE: load average reached {max(loads):.1f} on {cpus} CPUs: other processes competed for the "
             f"cores, so wall-clock times are inflated and noisy; the CPU-time column shows the same ratios "
-            f"measured on process CPU time (closest to an idle machine with --threads 1).")
+            f"measured on process CPU time (closest to an idle machine with threads=1).")
 
 
 def _budget(row: dict, result: dict) -> str:

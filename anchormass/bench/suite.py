@@ -113,7 +113,7 @@ class Bench:
         self.log = log
         self.device = torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda requested but CUDA is not available")
+            raise ConfigError("device=cuda requested but CUDA is not available")
         dtype = getattr(torch, cfg.dtype, None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ConfigError(f"unknown or non-floating dtype '{cfg.dtype}' (use float32 / bfloat16 / float16)")

@@ -1,16 +1,16 @@
 """The multi-stage curriculum: a plan of `train.py` runs (model x stage) chained by `init_from`.
 
-A curriculum file (configs/curriculum/<name>.yaml) lists models, stages (each with its dataset,
-seeded from an earlier stage's last checkpoint) and the closing evaluations. Runs land in
-`runs/<curriculum>/<model>/<stage>/`. Re-running the same command continues where it stopped:
-finished stages (train_result.json at the stage's total steps) are skipped, an interrupted one
-resumes exactly from its own last.ckpt.
+A curriculum (configs/curriculum/<name>.yaml, the `curriculum` group of scripts/run_curriculum.py)
+lists models, stages (each with its dataset, seeded from an earlier stage's last checkpoint) and
+the closing evaluations. Runs land in `runs/<curriculum>/<model>/<stage>/`, each with its whole
+output in `train.log`. Re-running the same command continues where it stopped: finished stages
+(train_result.json at the stage's total steps) are skipped, an interrupted one resumes exactly
+from its own last.ckpt.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +20,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from anchormass.errors import ConfigError
+from anchormass.training.logged_process import run_logged
+from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
+from anchormass.training.stage_console import StageConsole, Task
 from anchormass.utils import CONFIG_ROOT, REPO_ROOT
 
-CURRICULUM_DIR = CONFIG_ROOT / "curriculum"
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
+LOG_FILE = "train.log"
+# Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
+# file, and its progress to a small file the runner shows as a live line.
+STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
+                      "++callbacks.progress_file._target_=anchormass.training.progress.ProgressFile"]
 
 
 @dataclass
@@ -34,6 +41,10 @@ class StageRun:
     out_dir: Path
     init_from: Path | None
     args: list[str] = field(default_factory=list)  # train.py overrides
+
+    @property
+    def log_path(self) -> Path:
+        return self.out_dir / LOG_FILE
 
     @property
     def last_ckpt(self) -> Path:
@@ -48,20 +59,17 @@ class StageRun:
         return bool(res) and res.get("global_step") == res.get("total_steps") and self.last_ckpt.is_file()
 
 
-def load_curriculum(name_or_path: str) -> DictConfig:
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = CURRICULUM_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CURRICULUM_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown curriculum '{name_or_path}' (no {path}); known: {known}")
-    cfg = OmegaConf.load(path)
+def check_curriculum(cfg: DictConfig) -> DictConfig:
+    """The keys every curriculum needs, and a side-by-side count that is a whole number >= 1."""
     for key in ("name", "models", "stages"):
-        if key not in cfg:
-            raise ConfigError(f"curriculum {path} lacks '{key}'")
+        if cfg.get(key) is None:
+            raise ConfigError(f"the curriculum lacks '{key}'")
     for s in cfg.stages:
         if "stage" not in s or "data" not in s:
-            raise ConfigError(f"curriculum {path}: every stage entry needs 'stage' and 'data', got {dict(s)}")
+            raise ConfigError(f"curriculum {cfg.name}: every stage entry needs 'stage' and 'data', got {dict(s)}")
+    parallel = cfg.get("parallel", 1)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")
     return cfg
 
 
@@ -78,6 +86,18 @@ def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
         folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
         out.setdefault(folder, [f"data={s.data}", *overrides])
     return [(args, folder) for folder, args in out.items()]
+
+
+# scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
+RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose")
+# Hydra settings that belong to the stages: the launcher that runs each train.py (e.g. on Slurm).
+STAGE_HYDRA_PREFIXES = ("hydra/launcher=", "hydra.launcher.")
+
+
+def stage_overrides(task: list[str], hydra: list[str]) -> list[str]:
+    """The runner's command-line overrides (Hydra's task and hydra lists) that go to every stage."""
+    own = [o for o in task if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] in RUNNER_KEYS]
+    return [o for o in task if o not in own] + [o for o in hydra if o.lstrip("+~").startswith(STAGE_HYDRA_PREFIXES)]
 
 
 def merge_overrides(args: list[str]) -> list[str]:
@@ -103,7 +123,8 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
                                   f"which is not an earlier stage (order: {names})")
             out = runs_root / str(cfg.name) / str(model) / str(s.stage)
             args = [f"stage={s.stage}", f"model={model}", f"data={s.data}", *list(s.get("data_overrides") or []),
-                    f"trainer={cfg.get('trainer', 'cpu')}", f"run_name={cfg.name}", f"hydra.run.dir={out}"]
+                    f"trainer={cfg.get('trainer', 'cpu')}", f"run_name={cfg.name}", f"hydra.run.dir={out}",
+                    *STAGE_CONSOLE_ARGS]
             args += [f"stage.{k}={v}" for k, v in (s.get("set") or {}).items()]
             args = merge_overrides(args + list(cfg.get("overrides") or []) + list(extra))
             run = StageRun(str(model), str(s.stage), out, done[parent].last_ckpt if parent else None, args)
@@ -123,36 +144,52 @@ def command(run: StageRun) -> list[str]:
     return cmd
 
 
-def _run_chain(chain: list[StageRun], index: dict, total: int, t_all: float, log) -> int:
+def finished_text(run: StageRun, seconds: float) -> str:
+    res = run.result() or {}
+    metrics = res.get("metrics", {})
+    loss, val = metrics.get("train/loss"), metrics.get("val/loss")
+    return (f"done    {res.get('global_step', '?')} steps  loss {loss:.4f}" if loss is not None else "done") + (
+        f"  val {val:.4f}" if val is not None else "") + f"  {seconds:.0f} s"
+
+
+def _run_chain(chain: list[StageRun], console: StageConsole, label) -> int:
     """One model's stages in order; returns the first non-zero exit code (0 when all ran)."""
     for run in chain:
-        head = f"[{index[id(run)]}/{total}] {run.model} / {run.stage}"
+        task = Task(label(run), run.log_path, progress_dir=run.out_dir)
         if run.is_done():
-            log(f"{head}: already done, skipped")
+            console.post("skipped", task, message="skipped (already done)")
             continue
-        cmd = command(run)
-        log(f"{head}: {' '.join(cmd[2:])}")
+        (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
+        console.post("started", task)
+        echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
         t0 = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=REPO_ROOT)
-        if rc != 0:  # train.py already printed its reason
-            log(f"{head}: failed (exit {rc}); rerun the same command to resume; files in {run.out_dir}")
+        rc = run_logged(command(run), run.log_path, echo=echo)
+        if rc != 0:
+            console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
+                                                 f"rerun the same command to resume")
             return rc
-        log(f"{head}: finished in {time.perf_counter() - t0:.0f} s (total {time.perf_counter() - t_all:.0f} s)")
+        console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
 
 
-def execute(runs: list[StageRun], log=print, parallel: int = 1) -> list[dict]:
-    """Run every stage (train.py subprocesses, output streamed). Each model's stages run in
-    order; with parallel > 1 up to that many models train side by side (a 2-core machine runs
-    two 1-thread chains faster than one 2-thread chain). Exits with the first failure's code."""
-    t_all = time.perf_counter()
-    index = {id(r): i for i, r in enumerate(runs, 1)}
+def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | None = None) -> list[dict]:
+    """Run every stage as a train.py subprocess whose output goes to its log file. Each model's
+    stages run in order; with parallel > 1 up to that many models train side by side (a 2-core
+    machine runs two 1-thread chains faster than one 2-thread chain). Exits with the first
+    failure's code once every chain has stopped."""
+    console = console or StageConsole()
     chains: dict[str, list[StageRun]] = {}
     for run in runs:
         chains.setdefault(run.model, []).append(run)
+    wm, ws = max(len(r.model) for r in runs), max(len(r.stage) for r in runs)
+
+    def label(run: StageRun) -> str:  # aligned columns across both models' lines
+        return f"{run.model:<{wm}}  {run.stage:<{ws}}"
+
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        codes = list(pool.map(lambda c: _run_chain(c, index, len(runs), t_all, log), chains.values()))
-    failed = [rc for rc in codes if rc]
+        futures = [pool.submit(_run_chain, chain, console, label) for chain in chains.values()]
+        console.follow(futures)
+    failed = [f.result() for f in futures if f.result()]
     if failed:
         raise SystemExit(failed[0])
     summary = []
