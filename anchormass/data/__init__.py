@@ -1,4 +1,4 @@
-"""Data pipeline (SPEC 4): tokenizer, token files, prepared dataset folders, step-indexed DataModules.
+"""Data pipeline (docs/method.md §4): tokenizer, token files, prepared dataset folders, step-indexed DataModules.
 
     prepare.py       data config -> data/<name>/ (scripts/prepare_data.py is its CLI)
     tokenizer.py     SentencePiece with reserved pad/unk/bos/eos and chat-role ids

@@ -1,4 +1,4 @@
-"""The step-indexed global data order (SPEC 4: seed-synchronized loading).
+"""The step-indexed global data order (docs/method.md §4: seed-synchronized loading).
 
 Samples 0..n-1 (fixed-length windows of a token file, or SFT examples) form an endless stream:
 epoch e is the permutation `default_rng([seed, e]).permutation(n)`, epochs back to back. The global

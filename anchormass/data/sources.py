@@ -1,4 +1,4 @@
-"""Read a corpus as a stream of documents through `datasets` (SPEC 4).
+"""Read a corpus as a stream of documents through `datasets` (docs/method.md §4).
 
 A source is a mapping from the data config (`configs/data/*.yaml`, key `source`), or a list of
 them (read in order, each with an optional own `cleaners`):

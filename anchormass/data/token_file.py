@@ -1,4 +1,4 @@
-"""Flat uint16 token files with a JSON sidecar (SPEC 4), and the reader that checks them.
+"""Flat uint16 token files with a JSON sidecar (docs/method.md §4), and the reader that checks them.
 
 `<name>.bin` holds token ids back to back (documents separated by eos); `<name>.bin.json` says
 what they are: dtype, token count, vocab size, tokenizer checksum, source description and the

@@ -1,4 +1,4 @@
-"""SentencePiece tokenizer with fixed special ids (SPEC 4): NFKC, byte fallback, digits split,
+"""SentencePiece tokenizer with fixed special ids (docs/method.md §4): NFKC, byte fallback, digits split,
 whitespace kept as is (decode(encode(t)) == t for NFKC-normalised t).
 
 Reserved ids, the same for every tokenizer this project trains:

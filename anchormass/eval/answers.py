@@ -1,4 +1,4 @@
-"""Scoring a generated passkey answer (SPEC 6 c): NFKC, first digit run, exact / digits matched."""
+"""Scoring a generated passkey answer (docs/method.md §6 c): NFKC, first digit run, exact / digits matched."""
 
 from __future__ import annotations
 

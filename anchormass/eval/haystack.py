@@ -1,4 +1,4 @@
-"""Passkey prompts built in token space (SPEC 6 c): exact lengths, controlled needle depth.
+"""Passkey prompts built in token space (docs/method.md §6 c): exact lengths, controlled needle depth.
 
 A prompt of exactly L tokens is
 

@@ -1,4 +1,4 @@
-"""SnapKV hit rate (SPEC 3 / 6 f): does the observation window's vote predict where generated
+"""SnapKV hit rate (docs/method.md §3 / 6 f): does the observation window's vote predict where generated
 tokens will look?
 
 For each prompt the Standard model runs with a full cache and a probe policy: at the end of the

@@ -1,4 +1,4 @@
-"""(c) Passkey retrieval (needle in a haystack), SPEC 6 c.
+"""(c) Passkey retrieval (needle in a haystack), docs/method.md §6 c.
 
 Trials: every (length, depth, seed) of the config, identical for both models (haystack.py builds
 the exact-length prompts). Greedy decoding of `max_new_tokens`; the answer is the first digit

@@ -1,4 +1,4 @@
-"""(d) Stage-2 policy study (SPEC 6 d): passkey trials at one length under small global budgets.
+"""(d) Stage-2 policy study (docs/method.md §6 d): passkey trials at one length under small global budgets.
 
 For each AnchorMass model, every policy x budget cell runs the same n trials (depths x seeds);
 results are also split by needle depth (the write-up: only `adaptive` recovers needles at

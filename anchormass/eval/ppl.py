@@ -1,10 +1,10 @@
-"""(b) Long-sequence perplexity with fixed anchors and paired statistics (SPEC 6 b).
+"""(b) Long-sequence perplexity with fixed anchors and paired statistics (docs/method.md §6 b).
 
 Anchors a_i are drawn once, deterministically: the usable range [max(contexts), N - target_len]
 of the token file is cut into n equal strata and one position is drawn from each with
 `anchor_seed`. They are saved in results.json (and can be pinned with `anchors: [...]`).
 
-Input for context C: tok[a - C : a + target_len]. Target choice (documented, SPEC asks to pick):
+Input for context C: tok[a - C : a + target_len]. Target choice (documented; the method leaves it open):
 no bos is prepended; the scored targets are the last target_len - 1 tokens tok[a+1 .. a+target_len-1],
 each predicted from everything before it. At C = 0 the first window token tok[a] is context only,
 so exactly the same 1,023 targets are scored at every C.

@@ -1,4 +1,4 @@
-"""(a) Efficiency profile (SPEC 6 a): KV bytes, peak memory, prefill time, decode throughput.
+"""(a) Efficiency profile (docs/method.md §6 a): KV bytes, peak memory, prefill time, decode throughput.
 
 Per model and length (batch 1, random token ids seeded identically for every model):
 `warmup` unmeasured sessions, then `repeats` measured ones; each session is a fresh cache +

@@ -1,4 +1,4 @@
-"""Paired statistics (SPEC 6 b, e). Distributions come from scipy; only the bookkeeping is ours."""
+"""Paired statistics (docs/method.md §6 b, e). Distributions come from scipy; only the bookkeeping is ours."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         val_check_interval=int(cfg.stage.val_every) * accumulate,
         check_val_every_n_epoch=None,
         limit_val_batches=int(cfg.stage.val_batches),
-        # The data sampler slices each global batch by rank itself (SPEC 4).
+        # The data sampler slices each global batch by rank itself (docs/method.md §4).
         use_distributed_sampler=False,
         callbacks=callbacks,
         logger=logger,
