@@ -62,3 +62,31 @@ def test_log_mass_reaches_sdpa_unrounded(monkeypatch):
         n_sink = CFG.n_sinks
         got = last[:, n_sink:n_sink + slot_lm.shape[1]]
         assert torch.equal(got, slot_lm.float())
+
+
+def test_the_cache_adds_log_mass_in_fp32_in_bf16(monkeypatch):
+    """Chunked prefill and decode through the AnchorMass cache in bf16: every SDPA call whose mask
+    carries log(mass) (finite non-zero entries) gets it in fp32, as the parallel kernels do."""
+    from anchormass.cache import new_cache
+    from anchormass.inference.generate import prefill
+    from anchormass.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("anchormass_tiny").to(torch.bfloat16).eval()
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None and attn_mask.is_floating_point():
+            finite = attn_mask[torch.isfinite(attn_mask)]
+            if (finite != 0).any():
+                seen.append(attn_mask.dtype)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 300))
+    cache = new_cache(model, batch_size=1, budget=8)
+    with torch.no_grad():
+        logits = prefill(model, ids, cache, chunk_size=100)
+        model(logits.argmax(-1, keepdim=True), cache=cache)
+    assert seen and all(dt == torch.float32 for dt in seen), seen

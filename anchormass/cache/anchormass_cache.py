@@ -41,6 +41,7 @@ from anchormass.cache.base import KVCache, LayerCache
 from anchormass.cache.slot_policies import SlotPolicy
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
+from anchormass.models.kernels.block_sdpa import sdpa_fp32_bias
 from anchormass.models.kernels.layout import slot_log_mass
 
 # Queries per internal piece: bounds the [T, keys] masks of one very long chunk. Splitting a
@@ -242,9 +243,9 @@ class AnchorMassLayerCache(LayerCache):
         self.glob_v[:, :, idx] = v[:, :, 0].to(self.glob_v.dtype)
         self.mass[:, idx] = 1.0
         end = self.slot0 + self.max_count
-        bias = self._mass_bias(self.mass[:, :end])[:, None, None, :].to(q.dtype)  # [B, 1, 1, K]
-        out = F.scaled_dot_product_attention(q, self.glob_k[:, :, :end].to(q.dtype),
-                                             self.glob_v[:, :, :end].to(q.dtype), attn_mask=bias)
+        bias = self._mass_bias(self.mass[:, :end])[:, None, None, :]  # [B, 1, 1, K], fp32
+        # log(mass) reaches the scores in fp32, as in the parallel kernels (docs/method.md §2.4).
+        out = sdpa_fp32_bias(q, self.glob_k[:, :, :end], self.glob_v[:, :, :end], bias)
         if p0 >= s and r0 + 1 == c:  # the block is complete: compress it, empty the tail
             tail = slice(s, s + c)
             self._append_slots(*compress_blocks(self.glob_k[:, :, tail], self.glob_v[:, :, tail], cfg))
@@ -254,7 +255,7 @@ class AnchorMassLayerCache(LayerCache):
     def _chunk_global(self, q, k, v, pos):
         cfg, p0, t = self.cfg, self.n_seen, q.shape[2]
         s, c = cfg.n_sinks, cfg.block_size
-        dt, b = q.dtype, q.shape[0]
+        b = q.shape[0]
 
         # Sinks: store this piece's positions < S first, then every query sees sinks <= itself.
         n_new_sink = max(0, min(s - p0, t))
@@ -283,11 +284,8 @@ class AnchorMassLayerCache(LayerCache):
         else:
             new_mass = torch.zeros(b, 0, device=q.device)
 
-        bias = self._chunk_bias(b, t, raw0, new0, end, new_mass, dt)  # [B, T, end]
-        keys, vals = self.glob_k[:, :, :end], self.glob_v[:, :, :end]
-        if keys.dtype != dt:
-            keys, vals = keys.to(dt), vals.to(dt)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=bias[:, None])  # [B, Hg, T, D]
+        bias = self._chunk_bias(b, t, raw0, new0, end, new_mass, torch.float32)  # [B, T, end]
+        out = sdpa_fp32_bias(q, self.glob_k[:, :, :end], self.glob_v[:, :, :end], bias[:, None])  # [B, Hg, T, D]
 
         # The new tail, copied out of the stage before _append_slots (which may reallocate).
         rest = n_raw - n_blocks * c
