@@ -170,7 +170,10 @@ def test_checkpoint_trained_with_another_tokenizer_is_refused(assets, tmp_path):
     from anchormass.eval.loading import load_tokenizer
     from anchormass.eval.suite import EvalModel
 
-    m = EvalModel("m", None, None, "x", {"tokenizer_checksum": "f" * 64})
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(vocab_size=1 << 16)  # large enough: only the checksum can refuse
+    m = EvalModel("m", None, config, "x", {"tokenizer_checksum": "f" * 64})
     with pytest.raises(CheckpointError, match="not the one model 'm' was trained with"):
         load_tokenizer(assets / "tok.model", [m])
 

@@ -112,5 +112,5 @@ def load_tokenizer(path: Path, models: list[EvalModel]):
 
     tok = Tokenizer.load(path)
     for m in models:
-        check_tokenizer(tok, m.hparams, m.config.vocab_size if m.config is not None else None, m.label)
+        check_tokenizer(tok, m.hparams, m.config.vocab_size, m.label)
     return tok

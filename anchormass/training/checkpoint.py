@@ -95,13 +95,13 @@ def stored_path(path: str | os.PathLike) -> Path:
     return alt if alt.exists() else path
 
 
-def check_tokenizer(tok, hparams: dict, vocab_size: int | None, label: str) -> None:
+def check_tokenizer(tok, hparams: dict, vocab_size: int, label: str) -> None:
     """Refuse a tokenizer other than the one the checkpoint was trained with (by checksum), or one
     with more ids than the model's vocabulary."""
     want = hparams.get("tokenizer_checksum")
     if want and want != tok.checksum:
         raise CheckpointError(f"tokenizer {tok.path} (sha256 {tok.checksum[:12]}) is not the one model '{label}' "
                               f"was trained with ({want[:12]}); pass tokenizer=<the right file>")
-    if vocab_size is not None and tok.vocab_size > vocab_size:
+    if tok.vocab_size > vocab_size:
         raise CheckpointError(f"tokenizer {tok.path} has {tok.vocab_size} ids but model '{label}' only "
                               f"{vocab_size}: tokenizer and checkpoint do not match")
