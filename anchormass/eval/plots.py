@@ -125,3 +125,21 @@ def ppl_vs_context(result: dict, path: Path) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def mqar_accuracy(result: dict, path: Path) -> str:
+    """MQAR accuracy vs length (log2 x), one line per (model, number of pairs)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for lab in result["labels"]:
+        for pairs in result["n_pairs"]:
+            cells = sorted((c for c in result["cells"] if c["n_pairs"] == pairs), key=lambda c: c["length"])
+            ax.plot([c["length"] for c in cells], [c[lab]["acc"] for c in cells], marker="o",
+                    label=f"{lab}, {pairs} pairs")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("item length (tokens)")
+    ax.set_ylabel("query accuracy")
+    ax.set_title(f"MQAR ({result['mode']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -54,7 +54,6 @@ def new_session(model, batch_size: int, total_len: int, policy=None, budget=None
     return cache
 
 
-@torch.no_grad()
 def session_logprobs(model, ids: torch.Tensor, start: int, chunk: int, score_chunk: int,
                      policy=None, budget=None) -> tuple[torch.Tensor, KVBytes]:
     """log p(ids[t+1] | ids[:t+1]) for t = start .. T-2, [B, T-1-start].
@@ -62,15 +61,33 @@ def session_logprobs(model, ids: torch.Tensor, start: int, chunk: int, score_chu
     The prompt ids[:, :start+1] is prefilled in `chunk`s and ends the prefill (a KV policy such
     as SnapKV compresses here); the rest is teacher-forced `score_chunk` tokens at a time through
     the same cache. RoPE base from the whole input length T."""
+    def logprobs(logits, s):  # rows s .. s+n-1 predict ids[s+1 .. s+n]
+        return gather_logprobs(logits, ids[:, s + 1:s + 1 + logits.shape[1]])
+
+    return session_scores(model, ids, start, chunk, score_chunk, logprobs, policy, budget)
+
+
+def session_argmax(model, ids: torch.Tensor, start: int, chunk: int, score_chunk: int,
+                   policy=None, budget=None) -> tuple[torch.Tensor, KVBytes]:
+    """The greedy next token after ids[:t+1] for t = start .. T-2, [B, T-1-start], over the whole
+    vocabulary; the session as in `session_logprobs` (teacher-forced after the prefill)."""
+    return session_scores(model, ids, start, chunk, score_chunk, lambda logits, s: logits.argmax(-1),
+                          policy, budget)
+
+
+@torch.no_grad()
+def session_scores(model, ids: torch.Tensor, start: int, chunk: int, score_chunk: int, score,
+                   policy=None, budget=None) -> tuple[torch.Tensor, KVBytes]:
+    """score(logits [B, n, V], s) -> [B, n] for positions s .. s+n-1, concatenated over
+    t = start .. T-2; see `session_logprobs` for the session."""
     total = ids.shape[1]
     cache = new_session(model, ids.shape[0], total, policy, budget)
     last = generate.prefill(model, ids[:, : start + 1], cache, chunk).float()  # row `start`
-    out = [gather_logprobs(last[:, None], ids[:, start + 1:start + 2])]
+    out = [score(last[:, None], start)]
     meter = KVBytes.after_prefill(cache)
     for s in range(start + 1, total - 1, score_chunk):
         e = min(total - 1, s + score_chunk)
-        logits = model(ids[:, s:e], cache=cache)  # rows s .. e-1 predict ids[s+1 .. e]
-        out.append(gather_logprobs(logits, ids[:, s + 1:e + 1]))
+        out.append(score(model(ids[:, s:e], cache=cache), s))  # rows s .. e-1
         meter.step(cache)
     return torch.cat(out, dim=1), meter
 

@@ -107,3 +107,15 @@ def mcnemar_p(b: int, c: int) -> float:
     if b + c == 0:
         return 1.0
     return float(stats.binomtest(min(b, c), b + c, 0.5, alternative="two-sided").pvalue)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion k/n (z = 1.96: 95%); (nan, nan) for n = 0.
+    Unlike the normal interval it stays inside [0, 1] and is not degenerate at k = 0 or k = n."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

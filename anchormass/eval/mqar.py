@@ -1,0 +1,192 @@
+"""(g) Multi-query associative recall in token space, docs/method.md §6 g.
+
+Items come from `anchormass.data.mqar` (identical for every model). A query is correct when the
+argmax over the whole vocabulary at the query key's position is its value, with the true query
+region fed (teacher forcing), so one wrong answer does not disturb the next query.
+
+mode=parallel: one forward of each item batch. mode=cached: the context is prefilled through
+the inference cache under `policy` / `budget` and ends the prefill (a KV policy such as SnapKV
+compresses there), then the query region is fed one token at a time; the cache's stored bytes
+are recorded per cell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from anchormass.data.mqar import MQARItem, MQARVocab, check_shape, make_item
+from anchormass.errors import ConfigError
+from anchormass.eval import plots, tables
+from anchormass.eval.common import fmt_p, progress
+from anchormass.eval.sessions import session_argmax
+from anchormass.eval.stats import mcnemar_exact, wilson_interval
+from anchormass.eval.suite import EvalContext, EvalModel, Suite
+
+KIB = 1024
+
+
+@torch.no_grad()
+def parallel_predictions(model, ids: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Argmax next token at `positions` [n] of every row of ids [B, T]: [B, n]. Only those rows go
+    through the LM head."""
+    hidden = model.forward_hidden(ids)[:, positions]
+    return model.lm_head(hidden).argmax(-1)
+
+
+def cached_predictions(model, ids: torch.Tensor, context_len: int, positions: list[int], chunk,
+                       policy=None, budget=None):
+    """The same predictions through a cache session; (predictions [B, n], KVBytes)."""
+    start = context_len - 1
+    pred, meter = session_argmax(model, ids, start, model.cfg.prefill_chunk if chunk is None else int(chunk), 1,
+                                 policy, budget)
+    return pred[:, [p - start for p in positions]], meter
+
+
+def distance_bucket(d: int) -> int:
+    """Lower edge of d's power-of-two bucket: 0, 1, 2, 4, 8, ..."""
+    return 0 if d < 1 else 1 << (int(d).bit_length() - 1)
+
+
+def cell_stats(records: list[dict]) -> dict:
+    n = len(records)
+    k = sum(r["correct"] for r in records)
+    lo, hi = wilson_interval(k, n)
+    by_dist: dict[int, list[int]] = {}
+    for r in records:
+        c = by_dist.setdefault(distance_bucket(r["distance"]), [0, 0])
+        c[0] += r["correct"]
+        c[1] += 1
+    return {"n": n, "correct": k, "acc": k / n if n else float("nan"), "ci": [lo, hi],
+            "n_items": len({r["item"] for r in records}),
+            "by_distance": {str(b): {"correct": c, "n": m} for b, (c, m) in sorted(by_dist.items())}}
+
+
+class MqarSuite(Suite):
+    name = "mqar"
+
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        self.vocab = MQARVocab.from_config(self.opt("vocab"))
+        self.lengths = [int(L) for L in self.opt("lengths", [])]
+        self.n_pairs = [int(p) for p in self.opt("n_pairs", [])]
+        if not self.lengths or not self.n_pairs:
+            raise ConfigError("mqar: lengths and n_pairs must be non-empty lists")
+        nq = self.opt("n_queries")
+        self.n_queries = None if nq is None else int(nq)
+        self.n_items = int(self.opt("n_items", 20))
+        self.batch_size = int(self.opt("batch_size", 4))
+        self.seed, self.alpha = int(self.opt("seed", 0)), float(self.opt("alpha", 0.0))
+        self.mode = self.opt("mode", "parallel")
+        if self.mode not in ("parallel", "cached"):
+            raise ConfigError(f"mqar.mode must be parallel or cached, got {self.mode!r}")
+        if self.n_items < 1 or self.batch_size < 1:
+            raise ConfigError("mqar: n_items and batch_size must be at least 1")
+        if self.mode == "parallel" and (self.opt("policy") is not None or self.opt("budget") is not None):
+            raise ConfigError("mqar: policy / budget apply to mode=cached only")
+        for m in ctx.models:
+            try:
+                self.vocab.check_fits(int(m.config.vocab_size))
+            except ConfigError as err:
+                raise ConfigError(f"{err} ('{m.label}')") from None
+        for L in self.lengths:
+            ctx.check_length("mqar", L)
+        self.cells = [(L, P) for L in self.lengths for P in self.n_pairs]
+        for L, P in self.cells:
+            check_shape(self.vocab, L, P, self.queries(P), self.alpha)
+        if self.mode == "cached":
+            chunk = self.opt("chunk")
+            if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+                raise ConfigError(f"mqar.chunk must be a positive integer or null, got {chunk!r}")
+
+    def queries(self, n_pairs: int) -> int:
+        return n_pairs if self.n_queries is None else min(self.n_queries, n_pairs)
+
+    def items(self, length: int, n_pairs: int) -> list[MQARItem]:
+        return [make_item(self.vocab, length, n_pairs, self.queries(n_pairs), self.seed, i, self.alpha)
+                for i in range(self.n_items)]
+
+    def _run_cell(self, ctx: EvalContext, m: EvalModel, items: list[MQARItem]) -> tuple[list[dict], dict | None]:
+        records, stored = [], None
+        positions = items[0].query_pos  # shared by every item of the cell
+        for s in range(0, len(items), self.batch_size):
+            batch = items[s:s + self.batch_size]
+            ids = torch.tensor([it.ids for it in batch], dtype=torch.long, device=ctx.device)
+            if self.mode == "parallel":
+                pred = parallel_predictions(m.model, ids, positions)
+            else:
+                pred, meter = cached_predictions(m.model, ids, batch[0].context_len, positions, self.opt("chunk"),
+                                                 self.opt("policy"), self.opt("budget"))
+                stored = stored or {"stored_prefill": 0, "stored_end": 0}
+                stored["stored_prefill"] += meter.stored_prefill
+                stored["stored_end"] += meter.stored_end
+            for it, row in zip(batch, pred.tolist()):
+                for q, (p, v, d) in enumerate(zip(it.query_pos, it.values, it.distances)):
+                    records.append({"model": m.label, "length": it.length, "n_pairs": it.n_pairs, "item": it.index,
+                                    "query": q, "correct": bool(row[q] == v), "distance": d})
+        if stored is not None:  # per item: the meter sums over the batch
+            stored = {k: v / len(items) for k, v in stored.items()}
+        return records, stored
+
+    def run(self, ctx: EvalContext) -> dict:
+        labels = [m.label for m in ctx.models]
+        records: list[dict] = []
+        cells: dict[str, dict] = {}
+        cell_items = {c: self.items(*c) for c in self.cells}
+        for m in ctx.models:
+            for L, P in progress(self.cells, ctx.progress, f"mqar [{m.label}]"):
+                recs, stored = self._run_cell(ctx, m, cell_items[(L, P)])
+                records += recs
+                cells.setdefault(f"{L}/{P}", {"length": L, "n_pairs": P, "n_queries": self.queries(P)})
+                cells[f"{L}/{P}"][m.label] = {**cell_stats(recs), "stored_bytes": stored}
+        if ctx.paired:
+            for key, c in cells.items():
+                L, P = c["length"], c["n_pairs"]
+                ident = lambda r: (r["item"], r["query"])  # noqa: E731
+                a, b = ({ident(r): r["correct"] for r in records
+                         if r["model"] == lab and r["length"] == L and r["n_pairs"] == P} for lab in labels)
+                common = sorted(set(a) & set(b))
+                c["paired"] = mcnemar_exact([a[k] for k in common], [b[k] for k in common])
+        summary = {f"{lab}/len{c['length']}/pairs{c['n_pairs']}/acc": c[lab]["acc"]
+                   for c in cells.values() for lab in labels}
+        return {"labels": labels, "lengths": self.lengths, "n_pairs": self.n_pairs, "mode": self.mode,
+                "policy": self.opt("policy"), "budget": self.opt("budget"), "n_items": self.n_items,
+                "seed": self.seed, "alpha": self.alpha, "vocab": {k: list(getattr(self.vocab, k))
+                                                                  for k in ("keys", "values", "noise")},
+                "cells": list(cells.values()), "items": records, "summary": summary}
+
+    def report(self, result: dict) -> str:
+        labels = result["labels"]
+        cached = result["mode"] == "cached"
+        head = ["length", "pairs"] + [f"{lab} accuracy [95% CI]" for lab in labels]
+        if cached:
+            head += [f"{lab} stored KiB (prefill / end)" for lab in labels]
+        if len(labels) == 2:
+            head += [f"acc diff ({labels[1]} − {labels[0]})", "McNemar p"]
+        body = []
+        for c in result["cells"]:
+            row = [f"{c['length']:,}", c["n_pairs"]]
+            for lab in labels:
+                s = c[lab]
+                row.append(f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]")
+            if cached:
+                row += [f"{c[lab]['stored_bytes']['stored_prefill'] / KIB:,.1f} / "
+                        f"{c[lab]['stored_bytes']['stored_end'] / KIB:,.1f}" for lab in labels]
+            if len(labels) == 2:
+                a, b = (c[lab]["acc"] for lab in labels)
+                row += [f"{100 * (b - a):+.1f} pp", fmt_p(c["paired"]["p"])]
+            body.append(row)
+        first = result["cells"][0]
+        queries = ", ".join(sorted({str(c["n_queries"]) for c in result["cells"]}))
+        setting = f"mode: {result['mode']}"
+        if cached:
+            setting += f", policy: {result['policy'] or 'model default'}, budget: {result['budget'] or 'model default'}"
+        return (f"## Multi-query associative recall (MQAR)\n\n{tables.markdown(head, body)}\n"
+                f"{setting}; {result['n_items']} items per cell, {queries} queries per item "
+                f"({first[labels[0]]['n']} queries in the first cell); seed {result['seed']}, alpha {result['alpha']}; "
+                "a query is correct when the argmax over the whole vocabulary at the key is its value "
+                "(teacher-forced query region)." + (" Stored KiB per item." if cached else "") + "\n")
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [plots.mqar_accuracy(result, out_dir / "mqar_accuracy.png")]
