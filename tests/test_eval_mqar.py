@@ -169,3 +169,11 @@ def test_evaluate_end_to_end_writes_the_section_and_the_plot(tmp_path):
     assert all("paired" in c for c in res["cells"])
     assert (out / "mqar_accuracy.png").stat().st_size > 1000
     assert "## Multi-query associative recall (MQAR)" in (out / "report.md").read_text()
+
+
+def test_cached_mode_checks_the_policy_for_every_model_up_front(tiny):
+    ctx = _ctx(tiny["anchormass_tiny"], tiny["standard_tiny"])
+    with pytest.raises(ConfigError, match="mqar: unknown kv policy 'adaptive'.*standard_tiny1"):
+        MqarSuite({**CFG, "mode": "cached", "policy": "adaptive", "budget": 4}).check(ctx)
+    with pytest.raises(ConfigError, match="budget .* is required"):
+        MqarSuite({**CFG, "mode": "cached", "policy": "snapkv"}).check(_ctx(tiny["standard_tiny"]))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from anchormass.cache import new_cache
 from anchormass.data.mqar import MQARItem, MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
 from anchormass.eval import plots, tables
@@ -99,6 +100,11 @@ class MqarSuite(Suite):
             chunk = self.opt("chunk")
             if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
                 raise ConfigError(f"mqar.chunk must be a positive integer or null, got {chunk!r}")
+            for m in ctx.models:  # an unknown policy / missing budget fails here, not after other models ran
+                try:
+                    new_cache(m.model, 1, self.opt("policy"), self.opt("budget"))
+                except ConfigError as err:
+                    raise ConfigError(f"mqar: {err} ('{m.label}')") from None
 
     def queries(self, n_pairs: int) -> int:
         return n_pairs if self.n_queries is None else min(self.n_queries, n_pairs)
@@ -152,8 +158,8 @@ class MqarSuite(Suite):
                    for c in cells.values() for lab in labels}
         return {"labels": labels, "lengths": self.lengths, "n_pairs": self.n_pairs, "mode": self.mode,
                 "policy": self.opt("policy"), "budget": self.opt("budget"), "n_items": self.n_items,
-                "seed": self.seed, "alpha": self.alpha, "vocab": {k: list(getattr(self.vocab, k))
-                                                                  for k in ("keys", "values", "noise")},
+                "n_queries": self.n_queries, "seed": self.seed, "alpha": self.alpha,
+                "vocab": {k: list(getattr(self.vocab, k)) for k in ("keys", "values", "noise")},
                 "cells": list(cells.values()), "items": records, "summary": summary}
 
     def report(self, result: dict) -> str:
@@ -177,16 +183,17 @@ class MqarSuite(Suite):
                 a, b = (c[lab]["acc"] for lab in labels)
                 row += [f"{100 * (b - a):+.1f} pp", fmt_p(c["paired"]["p"])]
             body.append(row)
-        first = result["cells"][0]
-        queries = ", ".join(sorted({str(c["n_queries"]) for c in result["cells"]}))
+        n_queries = result.get("n_queries")
+        asked = "every pair asked" if n_queries is None else f"at most {n_queries} queries per item"
         setting = f"mode: {result['mode']}"
         if cached:
             setting += f", policy: {result['policy'] or 'model default'}, budget: {result['budget'] or 'model default'}"
         return (f"## Multi-query associative recall (MQAR)\n\n{tables.markdown(head, body)}\n"
-                f"{setting}; {result['n_items']} items per cell, {queries} queries per item "
-                f"({first[labels[0]]['n']} queries in the first cell); seed {result['seed']}, alpha {result['alpha']}; "
-                "a query is correct when the argmax over the whole vocabulary at the key is its value "
-                "(teacher-forced query region)." + (" Stored KiB per item." if cached else "") + "\n")
+                f"{setting}; {result['n_items']} items per cell ({asked}; k/n counts queries); "
+                f"seed {result['seed']}, alpha {result['alpha']}. A query is correct when the argmax over "
+                "the whole vocabulary at the query key is its value (query region teacher-forced)."
+                + (" Stored KV bytes per item, at the end of the prefill / after the last query token." if cached else "")
+                + "\n")
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
         return [plots.mqar_accuracy(result, out_dir / "mqar_accuracy.png")]
