@@ -144,7 +144,8 @@ def test_bad_input_is_one_line_in_check():
     assert "\n" not in msg and "token ids up to 599 need a vocabulary of at least 600; the model has 500" in msg
     for over, words in [({"n_pairs": [40]}, "need at least"), ({"mode": "fast"}, "parallel or cached"),
                         ({"vocab": {"keys": [0, 10]}}, "needs keys"), ({"policy": "snapkv"}, "cached only"),
-                        ({"n_queries": 0}, "at least 1")]:
+                        ({"n_queries": 0}, "at least 1"), ({"lengths": "abc"}, "non-empty list of integers"),
+                        ({"n_pairs": []}, "non-empty list"), ({"n_items": "x"}, "mqar.n_items must be a number")]:
         with pytest.raises(ConfigError, match=words):
             MqarSuite({**CFG, **over}).check(_ctx(Recaller(600, oracle=True)))
     limited = EvalModel(label="short", model=small, config=SimpleNamespace(vocab_size=600, arch="standard"),
@@ -177,3 +178,25 @@ def test_cached_mode_checks_the_policy_for_every_model_up_front(tiny):
         MqarSuite({**CFG, "mode": "cached", "policy": "adaptive", "budget": 4}).check(ctx)
     with pytest.raises(ConfigError, match="budget .* is required"):
         MqarSuite({**CFG, "mode": "cached", "policy": "snapkv"}).check(_ctx(tiny["standard_tiny"]))
+
+
+def test_out_of_memory_at_a_length_is_a_result(monkeypatch, tmp_path):
+    import anchormass.eval.mqar as mqar
+
+    real = mqar.parallel_predictions
+
+    def oom_at_160(model, ids, positions):
+        if ids.shape[1] == 160:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+        return real(model, ids, positions)
+
+    monkeypatch.setattr(mqar, "parallel_predictions", oom_at_160)
+    suite, res = _run(_ctx(Recaller(600, oracle=False), Recaller(600, oracle=True)))
+    a, b = res["labels"]
+    for c in res["cells"]:
+        oom = c["length"] == 160
+        assert (c[a]["status"], c[b]["status"]) == (("OOM", "OOM") if oom else ("ok", "ok"))
+        assert (c["paired"] is None) == oom and (c[b]["n"] == 0) == oom
+    assert not any("len160" in k for k in res["summary"]) and f"{b}/len64/pairs8/acc" in res["summary"]
+    assert "| 160 | 8 | OOM | OOM | - | - |" in suite.report(res)
+    assert (tmp_path / suite.plots(res, tmp_path)[0]).stat().st_size > 1000

@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from anchormass.cache import new_cache
+from anchormass.config_checks import check_numbers
 from anchormass.data.mqar import MQARItem, MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
 from anchormass.eval import plots, tables
-from anchormass.eval.common import fmt_p, progress
+from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
 from anchormass.eval.sessions import session_argmax
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
@@ -70,10 +71,9 @@ class MqarSuite(Suite):
     def check(self, ctx: EvalContext) -> None:
         super().check(ctx)
         self.vocab = MQARVocab.from_config(self.opt("vocab"))
-        self.lengths = [int(L) for L in self.opt("lengths", [])]
-        self.n_pairs = [int(p) for p in self.opt("n_pairs", [])]
-        if not self.lengths or not self.n_pairs:
-            raise ConfigError("mqar: lengths and n_pairs must be non-empty lists")
+        check_numbers(self.cfg, {"n_queries": int, "n_items": int, "batch_size": int, "seed": int,
+                                 "alpha": float, "chunk": int}, "mqar.")
+        self.lengths, self.n_pairs = (self._int_list(key) for key in ("lengths", "n_pairs"))
         nq = self.opt("n_queries")
         self.n_queries = None if nq is None else int(nq)
         self.n_items = int(self.opt("n_items", 20))
@@ -97,14 +97,23 @@ class MqarSuite(Suite):
         for L, P in self.cells:
             check_shape(self.vocab, L, P, self.queries(P), self.alpha)
         if self.mode == "cached":
-            chunk = self.opt("chunk")
-            if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
-                raise ConfigError(f"mqar.chunk must be a positive integer or null, got {chunk!r}")
+            if self.opt("chunk") is not None and int(self.opt("chunk")) < 1:
+                raise ConfigError(f"mqar.chunk must be a positive integer or null, got {self.opt('chunk')!r}")
             for m in ctx.models:  # an unknown policy / missing budget fails here, not after other models ran
                 try:
                     new_cache(m.model, 1, self.opt("policy"), self.opt("budget"))
                 except ConfigError as err:
                     raise ConfigError(f"mqar: {err} ('{m.label}')") from None
+
+    def _int_list(self, key: str) -> list[int]:
+        value = self.opt(key)
+        try:
+            out = [int(x) for x in value]
+        except (TypeError, ValueError):
+            out = []
+        if not out:
+            raise ConfigError(f"mqar.{key} must be a non-empty list of integers, got {value!r}")
+        return out
 
     def queries(self, n_pairs: int) -> int:
         return n_pairs if self.n_queries is None else min(self.n_queries, n_pairs)
@@ -128,7 +137,7 @@ class MqarSuite(Suite):
                 stored["stored_prefill"] += meter.stored_prefill
                 stored["stored_end"] += meter.stored_end
             for it, row in zip(batch, pred.tolist()):
-                for q, (p, v, d) in enumerate(zip(it.query_pos, it.values, it.distances)):
+                for q, (v, d) in enumerate(zip(it.values, it.distances)):
                     records.append({"model": m.label, "length": it.length, "n_pairs": it.n_pairs, "item": it.index,
                                     "query": q, "correct": bool(row[q] == v), "distance": d})
         if stored is not None:  # per item: the meter sums over the batch
@@ -142,20 +151,30 @@ class MqarSuite(Suite):
         cell_items = {c: self.items(*c) for c in self.cells}
         for m in ctx.models:
             for L, P in progress(self.cells, ctx.progress, f"mqar [{m.label}]"):
-                recs, stored = self._run_cell(ctx, m, cell_items[(L, P)])
+                status = "ok"
+                try:
+                    recs, stored = self._run_cell(ctx, m, cell_items[(L, P)])
+                except Exception as err:  # running out of memory at a length is a result
+                    if not is_oom(err):
+                        raise
+                    free_memory(ctx.device)
+                    recs, stored, status = [], None, OOM
                 records += recs
                 cells.setdefault(f"{L}/{P}", {"length": L, "n_pairs": P, "n_queries": self.queries(P)})
-                cells[f"{L}/{P}"][m.label] = {**cell_stats(recs), "stored_bytes": stored}
+                cells[f"{L}/{P}"][m.label] = {**cell_stats(recs), "stored_bytes": stored, "status": status}
         if ctx.paired:
-            for key, c in cells.items():
+            for c in cells.values():
                 L, P = c["length"], c["n_pairs"]
+                if any(c[lab]["status"] != "ok" for lab in labels):
+                    c["paired"] = None
+                    continue
                 ident = lambda r: (r["item"], r["query"])  # noqa: E731
                 a, b = ({ident(r): r["correct"] for r in records
                          if r["model"] == lab and r["length"] == L and r["n_pairs"] == P} for lab in labels)
                 common = sorted(set(a) & set(b))
                 c["paired"] = mcnemar_exact([a[k] for k in common], [b[k] for k in common])
         summary = {f"{lab}/len{c['length']}/pairs{c['n_pairs']}/acc": c[lab]["acc"]
-                   for c in cells.values() for lab in labels}
+                   for c in cells.values() for lab in labels if c[lab]["status"] == "ok"}
         return {"labels": labels, "lengths": self.lengths, "n_pairs": self.n_pairs, "mode": self.mode,
                 "policy": self.opt("policy"), "budget": self.opt("budget"), "n_items": self.n_items,
                 "n_queries": self.n_queries, "seed": self.seed, "alpha": self.alpha,
@@ -175,11 +194,15 @@ class MqarSuite(Suite):
             row = [f"{c['length']:,}", c["n_pairs"]]
             for lab in labels:
                 s = c[lab]
-                row.append(f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]")
+                row.append(s["status"] if s["status"] != "ok" else
+                           f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]")
             if cached:
-                row += [f"{c[lab]['stored_bytes']['stored_prefill'] / KIB:,.1f} / "
-                        f"{c[lab]['stored_bytes']['stored_end'] / KIB:,.1f}" for lab in labels]
-            if len(labels) == 2:
+                kv = [c[lab]["stored_bytes"] for lab in labels]
+                row += ["-" if b is None else f"{b['stored_prefill'] / KIB:,.1f} / {b['stored_end'] / KIB:,.1f}"
+                        for b in kv]
+            if len(labels) == 2 and c["paired"] is None:
+                row += ["-", "-"]
+            elif len(labels) == 2:
                 a, b = (c[lab]["acc"] for lab in labels)
                 row += [f"{100 * (b - a):+.1f} pp", fmt_p(c["paired"]["p"])]
             body.append(row)
