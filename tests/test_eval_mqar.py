@@ -13,7 +13,7 @@ from scipy import stats
 
 from anchormass.data.mqar import MQARVocab, make_item
 from anchormass.errors import ConfigError
-from anchormass.eval.mqar import MqarSuite, cached_predictions, parallel_predictions
+from anchormass.eval.mqar import MqarSuite, cached_predictions, distance_bucket, parallel_predictions
 from anchormass.eval.runner import run_evaluation
 from anchormass.eval.stats import wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel
@@ -95,6 +95,12 @@ def test_a_half_right_recaller_scores_half():
     res = suite.run(ctx)
     c = res["cells"][0][res["labels"][0]]
     assert 0 < c["correct"] == expect < c["n"]
+    # the distance buckets partition the queries and their hits
+    buckets = c["by_distance"]
+    assert sum(b["n"] for b in buckets.values()) == c["n"] and sum(b["correct"] for b in buckets.values()) == expect
+    for r in res["items"]:
+        lo = distance_bucket(r["distance"])
+        assert str(lo) in buckets and (lo == r["distance"] == 0 or lo <= r["distance"] < 2 * lo)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +149,7 @@ def test_bad_input_is_one_line_in_check():
     msg = str(err.value)
     assert "\n" not in msg and "token ids up to 599 need a vocabulary of at least 600; the model has 500" in msg
     for over, words in [({"n_pairs": [40]}, "need at least"), ({"mode": "fast"}, "parallel or cached"),
-                        ({"vocab": {"keys": [0, 10]}}, "needs keys"), ({"policy": "snapkv"}, "cached only"),
+                        ({"vocab": {"keys": [0, 10]}}, "needs keys"), ({"vocab": "abc"}, "needs keys"), ({"policy": "snapkv"}, "cached only"),
                         ({"n_queries": 0}, "at least 1"), ({"lengths": "abc"}, "non-empty list of integers"),
                         ({"n_pairs": []}, "non-empty list"), ({"n_items": "x"}, "mqar.n_items must be a number")]:
         with pytest.raises(ConfigError, match=words):

@@ -51,7 +51,7 @@ class MQARVocab:
 
     @classmethod
     def from_config(cls, mapping) -> "MQARVocab":
-        if not mapping or not all(k in mapping for k in ("keys", "values", "noise")):
+        if not hasattr(mapping, "keys") or not all(k in mapping for k in ("keys", "values", "noise")):
             raise ConfigError("mqar: vocab needs keys, values and noise ranges ([lo, hi] each)")
         unknown = set(mapping) - {"keys", "values", "noise"}
         if unknown:
