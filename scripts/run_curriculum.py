@@ -81,7 +81,9 @@ def evaluate(cur: DictConfig, runs: list[StageRun], root: Path, console: StageCo
     seed_list = seeds(cur)
     if seed_list is not None:
         for name, jobs in per_entry.items():
-            out = write_aggregate([j.out_dir / "results.json" for j in jobs], seed_list, root / "report" / name)
+            first = jobs[0]
+            note = f"{first.a.model} (ckpt, A) vs {first.b.model} (compare_ckpt, B) at stage {first.a.stage}"
+            out = write_aggregate([j.out_dir / "results.json" for j in jobs], seed_list, root / "report" / name, note)
             reports.append(out / "report.md")
     return reports
 

@@ -142,6 +142,7 @@ def test_tiny_curriculum_with_seeds_and_a_variant_end_to_end(tmp_path):
     assert agg["seeds"] == [0, 1] and stats and all(s["n"] == 2 for s in stats.values())
     report = (root / "report" / "cmp" / "report.md").read_text()
     assert "seed0/report.md" in report and "## ppl" in report
+    assert "- anchormass_tiny (ckpt, A) vs am_wd0 (compare_ckpt, B) at stage pretrain_1k" in report
     summary = json.loads((root / "curriculum.json").read_text())
     assert summary["seeds"] == [0, 1]
     assert sorted((s["seed"], s["model"]) for s in summary["stages"]) == [

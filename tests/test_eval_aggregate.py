@@ -79,8 +79,9 @@ def test_a_suites_own_aggregate_is_used_and_written(tmp_path, monkeypatch):
         (d / "results.json").write_text(json.dumps({"suites": {"hooked": {"summary": {"hits": hits}},
                                                                "ppl": {"summary": {"p": float(hits)}}}}))
         paths.append(d / "results.json")
-    out = write_aggregate(paths, [0, 1], tmp_path / "report")
+    out = write_aggregate(paths, [0, 1], tmp_path / "report", note="x vs y")
     report = (out / "report.md").read_text()
+    assert "\n- x vs y\n" in report
     assert "7 hits over seeds [0, 1]" in report and "![hooked.png](hooked.png)" in report
     assert "[seed0/report.md](seed0/report.md)" in report and "| p | 3.5 ± 2.121 | 2 |" in report
     data = json.loads((out / "results.json").read_text())

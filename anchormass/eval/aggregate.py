@@ -90,13 +90,15 @@ def _read(path: Path) -> dict:
     return data
 
 
-def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path) -> Path:
-    """Aggregate the per-seed results.json files into out_dir/report.md and results.json."""
+def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, note: str | None = None) -> Path:
+    """Aggregate the per-seed results.json files into out_dir/report.md and results.json.
+    `note`: a line under the title (the curriculum says which run is which: two variants of one
+    preset carry the same model name in the per-seed reports)."""
     paths = [Path(p) for p in result_paths]
     agg = aggregate([_read(p) for p in paths], list(seeds))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# AnchorMass evaluation over training seeds", "",
+    lines = ["# AnchorMass evaluation over training seeds", "", *([f"- {note}"] if note else []),
              f"- seeds: {', '.join(map(str, agg['seeds']))} (n = {len(agg['seeds'])}); std is the sample "
              f"standard deviation over the seeds", ""]
     lines += [f"- seed {s}: [{_shown(p.parent / 'report.md', out_dir)}]({_shown(p.parent / 'report.md', out_dir)})"
