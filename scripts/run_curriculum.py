@@ -4,8 +4,9 @@
     python scripts/run_curriculum.py curriculum=full_158m trainer=ddp trainer.devices=8
 
 Options (configs/run_curriculum.yaml): curriculum=<name>, runs_root=<dir>, evaluate=false,
-verbose=0|1|2, curriculum.models=[a,b], curriculum.parallel=<n>. Every other override is a
-train.py override and goes to each stage. Rerunning the same command resumes.
+verbose=0|1|2, curriculum.models=[a,b], curriculum.parallel=<n>, curriculum.seeds=[0,1,2]. Every
+other override is a train.py override and goes to each stage. Rerunning the same command resumes.
+With seeds, each comparison runs once per seed and is then aggregated over the seeds.
 """
 
 from __future__ import annotations
@@ -21,7 +22,18 @@ from omegaconf import DictConfig
 from anchormass.cli import check_group_choices, exit_on_error
 from anchormass.errors import ConfigError, DataError
 from anchormass.logging_setup import check_verbose
-from anchormass.training.curriculum import StageRun, check_curriculum, datasets, execute, plan, stage_overrides
+from anchormass.eval.aggregate import write_aggregate
+from anchormass.training.curriculum import (
+    StageRun,
+    check_curriculum,
+    datasets,
+    evaluate_pairs,
+    execute,
+    plan,
+    report_jobs,
+    seeds,
+    stage_overrides,
+)
 from anchormass.training.logged_process import run_logged
 from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, resolve_path
@@ -52,18 +64,27 @@ def prepare_data(cur: DictConfig, logs: Path, console: StageConsole) -> None:
 
 
 def evaluate(cur: DictConfig, runs: list[StageRun], root: Path, console: StageConsole) -> list[Path]:
-    """The closing comparison: models[0] vs models[1] at each listed stage, via evaluate.py."""
-    reports = []
-    by_key = {(r.model, r.stage): r for r in runs}
-    for entry in cur.get("evaluate") or []:
-        a, b = (by_key[(str(m), entry.stage)] for m in cur.models[:2])
-        out = root / "report" / str(entry.name)
-        cmd = [sys.executable, str(REPO_ROOT / "evaluate.py"), f"ckpt={a.last_ckpt}", f"compare_ckpt={b.last_ckpt}",
-               f"out_dir={out}", "overwrite=true", *list(entry.get("overrides") or [])]
+    """The closing comparisons via evaluate.py: each entry's pair (default models[0] vs models[1])
+    at its stage, once per seed; with seeds, each entry's reports are then aggregated."""
+    reports: list[Path] = []
+    per_entry: dict[str, list] = {}
+    for job in report_jobs(cur, runs, root):
+        tag = f"{job.name}" + (f" seed{job.seed}" if job.seed is not None else "")
+        cmd = [sys.executable, str(REPO_ROOT / "evaluate.py"), f"ckpt={job.a.last_ckpt}",
+               f"compare_ckpt={job.b.last_ckpt}", f"out_dir={job.out_dir}", "overwrite=true", *job.overrides]
         if console.verbose >= 1:
-            console.print(f"report {entry.name}: {a.model} vs {b.model} at {entry.stage} ...")
-        run_step(console, f"report {entry.name}", cmd, root / "logs" / f"report_{entry.name}.log", "written")
-        reports.append(out / "report.md")
+            console.print(f"report {tag}: {job.a.model} vs {job.b.model} at {job.a.stage} ...")
+        log = root / "logs" / (f"report_{job.name}" + (f"_seed{job.seed}" if job.seed is not None else "") + ".log")
+        run_step(console, f"report {tag}", cmd, log, "written")
+        reports.append(job.out_dir / "report.md")
+        per_entry.setdefault(job.name, []).append(job)
+    seed_list = seeds(cur)
+    if seed_list is not None:
+        for name, jobs in per_entry.items():
+            first = jobs[0]
+            note = f"{first.a.model} (ckpt, A) vs {first.b.model} (compare_ckpt, B) at stage {first.a.stage}"
+            out = write_aggregate([j.out_dir / "results.json" for j in jobs], seed_list, root / "report" / name, note)
+            reports.append(out / "report.md")
     return reports
 
 
@@ -72,9 +93,14 @@ def print_summary(console: StageConsole, summary: list[dict]) -> None:
         return f"{x:.4f}" if isinstance(x, float) else "-"
 
     wm, ws = max(len(r["model"]) for r in summary), max(len(r["stage"]) for r in summary)
-    console.print(f"\n{'model':<{wm}}  {'stage':<{ws}}  {'step':>5}  {'train loss':>10}  {'val loss':>8}")
+    with_seed = "seed" in summary[0]  # a curriculum with seeds: one more column
+
+    def seed(x) -> str:
+        return f"{x:>4}  " if with_seed else ""
+
+    console.print(f"\n{seed('seed')}{'model':<{wm}}  {'stage':<{ws}}  {'step':>5}  {'train loss':>10}  {'val loss':>8}")
     for row in summary:
-        console.print(f"{row['model']:<{wm}}  {row['stage']:<{ws}}  {row['global_step'] or 0:>5}  "
+        console.print(f"{seed(row.get('seed'))}{row['model']:<{wm}}  {row['stage']:<{ws}}  {row['global_step'] or 0:>5}  "
                       f"{fmt(row['train_loss']):>10}  {fmt(row['val_loss']):>8}")
 
 
@@ -86,9 +112,8 @@ def main(cfg: DictConfig) -> None:
     cur = check_curriculum(cfg.curriculum)
     if not isinstance(cfg.evaluate, bool):
         raise ConfigError(f"evaluate must be true or false, got {cfg.evaluate!r}")
-    if cfg.evaluate and cur.get("evaluate") and len(cur.models) < 2:  # refuse now, not after the training
-        raise ConfigError(f"the closing comparison needs two models, got curriculum.models="
-                          f"[{','.join(map(str, cur.models))}]; pass two models or evaluate=false")
+    if cfg.evaluate:
+        evaluate_pairs(cur)  # refuse a comparison that cannot run now, not after the training
     root = resolve_path(cfg.runs_root) / str(cur.name)
     overrides = HydraConfig.get().overrides
     runs = plan(cur, root.parent, stage_overrides(list(overrides.task), list(overrides.hydra)))
@@ -97,6 +122,7 @@ def main(cfg: DictConfig) -> None:
     reports = evaluate(cur, runs, root, console) if cfg.evaluate else []
     wall = time.perf_counter() - t0
     atomic_write_json(root / "curriculum.json", {"curriculum": str(cur.name), "wall_time_s": round(wall, 1),
+                                                 **({"seeds": seeds(cur)} if seeds(cur) is not None else {}),
                                                  "stages": summary, "reports": [str(r) for r in reports]},
                       sort_keys=True, indent=2)
     print_summary(console, summary)

@@ -13,6 +13,31 @@ from anchormass.errors import ConfigError
 from anchormass.training.curriculum import check_curriculum, command, datasets, merge_overrides, plan, stage_overrides
 
 
+def tiny_curriculum(tmp_path, models: list, stages: list[tuple], **keys) -> dict:
+    """A curriculum of 2-step stages (stage, init_from, seq_len) on a very small demo corpus in
+    tmp_path, saved as tmp_path/configs/curriculum/t.yaml: a process start costs more than the training."""
+    data = str(tmp_path / "data" / "demo")
+    shrink = [f"data.out_dir={data}", "data.source.params.n_docs=30", "data.source.params.min_sentences=40",
+              "data.source.params.max_sentences=80", "data.tokenizer.vocab_size=400"]
+    fast = {"global_batch_size": 2, "micro_batch_size": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1,
+            "ckpt_every": 2}
+    cur = {"name": "t", "models": models, "trainer": "cpu",
+           "overrides": ["logger=none", "stage.datamodule.num_workers=0", "torch_threads=1"],
+           "stages": [{"stage": stage, "init_from": parent, "data": "demo", "data_overrides": shrink,
+                       "set": {**fast, "seq_len": seq_len, "total_steps": 2}} for stage, parent, seq_len in stages],
+           **keys}
+    (tmp_path / "configs" / "curriculum").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cur, tmp_path / "configs" / "curriculum" / "t.yaml")
+    return cur
+
+
+def curriculum_cmd(tmp_path, cur: dict) -> list[str]:
+    """scripts/run_curriculum.py on the tiny curriculum, runs under tmp_path/runs."""
+    return [sys.executable, str(REPO / "scripts" / "run_curriculum.py"),
+            f"hydra.searchpath=[file://{tmp_path / 'configs'}]", f"curriculum={cur['name']}",
+            f"runs_root={tmp_path / 'runs'}"]
+
+
 def load_curriculum(name: str):
     """configs/curriculum/<name>.yaml as scripts/run_curriculum.py composes it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -90,21 +115,8 @@ def test_tiny_curriculum_end_to_end(tmp_path):
     stage's whole output in its train.log), a rerun skips them, and a failing stage shows its log's
     path and tail (one model here: both models' plans are checked above, and each run costs a
     process start)."""
-    data = str(tmp_path / "data" / "demo")
-    shrink = [f"data.out_dir={data}", "data.source.params.n_docs=30", "data.source.params.min_sentences=40",
-              "data.source.params.max_sentences=80", "data.tokenizer.vocab_size=400"]
-    fast = {"global_batch_size": 2, "micro_batch_size": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1,
-            "ckpt_every": 2}
-    cur = {"name": "t", "models": ["anchormass_tiny"], "trainer": "cpu",
-           "overrides": ["logger=none", "stage.datamodule.num_workers=0", "torch_threads=1"],
-           "stages": [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "data_overrides": shrink,
-                       "set": {**fast, "seq_len": 32, "total_steps": 2}},
-                      {"stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo", "data_overrides": shrink,
-                       "set": {**fast, "seq_len": 64, "total_steps": 2}}]}
-    (tmp_path / "configs" / "curriculum").mkdir(parents=True)
-    OmegaConf.save(cur, tmp_path / "configs" / "curriculum" / "t.yaml")
-    cmd = [sys.executable, str(REPO / "scripts" / "run_curriculum.py"), f"hydra.searchpath=[file://{tmp_path / 'configs'}]",
-           "curriculum=t", f"runs_root={tmp_path / 'runs'}", "evaluate=false"]
+    cur = tiny_curriculum(tmp_path, ["anchormass_tiny"], [("pretrain_1k", None, 32), ("warmup_4k", "pretrain_1k", 64)])
+    cmd = [*curriculum_cmd(tmp_path, cur), "evaluate=false"]
     proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "t" / "anchormass_tiny"

@@ -3,7 +3,9 @@
 A curriculum (configs/curriculum/<name>.yaml, the `curriculum` group of scripts/run_curriculum.py)
 lists models, stages (each with its dataset, seeded from an earlier stage's last checkpoint) and
 the closing evaluations. Runs land in `runs/<curriculum>/<model>/<stage>/`, each with its whole
-output in `train.log`. Re-running the same command continues where it stopped: finished stages
+output in `train.log`; with `seeds: [...]` every model's chain is repeated once per training seed
+in `runs/<curriculum>/seed<s>/<model>/<stage>/`. A `models` entry is a preset name or a variant
+`{name: <label>, model: <preset>, overrides: [...]}` (an ablation of one preset). Re-running the same command continues where it stopped: finished stages
 (train_result.json at the stage's total steps) are skipped, an interrupted one resumes exactly
 from its own last.ckpt.
 """
@@ -36,11 +38,17 @@ STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_p
 
 @dataclass
 class StageRun:
-    model: str
+    model: str  # the model's label (a preset name, or a variant's name)
     stage: str
     out_dir: Path
     init_from: Path | None
     args: list[str] = field(default_factory=list)  # train.py overrides
+    seed: int | None = None  # the training seed, when the curriculum lists seeds
+
+    @property
+    def chain(self) -> tuple[int | None, str]:
+        """The stages that run one after another: one model under one seed."""
+        return self.seed, self.model
 
     @property
     def log_path(self) -> Path:
@@ -70,7 +78,49 @@ def check_curriculum(cfg: DictConfig) -> DictConfig:
     parallel = cfg.get("parallel", 1)
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")
+    model_specs(cfg)
+    seeds(cfg)
     return cfg
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # the label in folders and tables
+    preset: str  # configs/model/<preset>
+    overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
+
+
+def model_specs(cfg: DictConfig) -> list[ModelSpec]:
+    """The curriculum's models: a preset name, or a variant mapping {name, model, overrides}."""
+    specs = []
+    for m in cfg.models:
+        if isinstance(m, str):
+            specs.append(ModelSpec(m, m))
+            continue
+        if not isinstance(m, DictConfig) or not isinstance(m.get("name"), str) or not isinstance(m.get("model"), str):
+            raise ConfigError(f"curriculum {cfg.name}: a models entry is a preset name or "
+                              f"{{name: <label>, model: <preset>, overrides: [...]}}, got {m!r}")
+        extra = set(m.keys()) - {"name", "model", "overrides"}
+        if extra:
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name} has unknown keys {sorted(extra)}")
+        specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or []))))
+    labels = [s.name for s in specs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(f"curriculum {cfg.name}: model labels must be unique, {', '.join(dup)} repeats")
+    return specs
+
+
+def seeds(cfg: DictConfig) -> list[int] | None:
+    """The training seeds, or None for a curriculum without the key (one run per model, the
+    train config's own seed, the folder layout without seed<s>)."""
+    value = cfg.get("seeds")
+    if value is None:
+        return None
+    items = list(value) if not isinstance(value, (str, int)) else None
+    if not items or any(isinstance(x, bool) or not isinstance(x, int) for x in items) or len(set(items)) < len(items):
+        raise ConfigError(f"curriculum.seeds must be a non-empty list of distinct integers, got {value!r}")
+    return items
 
 
 def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
@@ -110,26 +160,33 @@ def merge_overrides(args: list[str]) -> list[str]:
 
 
 def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
-    """Every (model, stage) run in order: all stages of the first model, then the next model.
-    Both models get the same seed and data, so stage k feeds them identical batches."""
+    """Every (seed, model, stage) run in order: all stages of the first model, then the next
+    model, then the next seed. The models of one seed get the same seed and data, so stage k
+    feeds them identical batches and only the model differs."""
     names = [s.stage for s in cfg.stages]
     runs: list[StageRun] = []
-    for model in cfg.models:
-        done: dict[str, StageRun] = {}
-        for s in cfg.stages:
-            parent = s.get("init_from")
-            if parent is not None and parent not in done:
-                raise ConfigError(f"curriculum {cfg.name}: stage {s.stage} starts from {parent}, "
-                                  f"which is not an earlier stage (order: {names})")
-            out = runs_root / str(cfg.name) / str(model) / str(s.stage)
-            args = [f"stage={s.stage}", f"model={model}", f"data={s.data}", *list(s.get("data_overrides") or []),
-                    f"trainer={cfg.get('trainer', 'cpu')}", f"run_name={cfg.name}", f"hydra.run.dir={out}",
-                    *STAGE_CONSOLE_ARGS]
-            args += [f"stage.{k}={v}" for k, v in (s.get("set") or {}).items()]
-            args = merge_overrides(args + list(cfg.get("overrides") or []) + list(extra))
-            run = StageRun(str(model), str(s.stage), out, done[parent].last_ckpt if parent else None, args)
-            done[s.stage] = run
-            runs.append(run)
+    seed_list = seeds(cfg)
+    for seed in seed_list if seed_list is not None else [None]:
+        base = runs_root / str(cfg.name) / (f"seed{seed}" if seed is not None else "")
+        # The seed goes last: a command-line `seed=` cannot silently collapse the seeds into one.
+        seeded = [f"seed={seed}"] if seed is not None else []
+        for spec in model_specs(cfg):
+            done: dict[str, StageRun] = {}
+            for s in cfg.stages:
+                parent = s.get("init_from")
+                if parent is not None and parent not in done:
+                    raise ConfigError(f"curriculum {cfg.name}: stage {s.stage} starts from {parent}, "
+                                      f"which is not an earlier stage (order: {names})")
+                out = base / spec.name / str(s.stage)
+                args = [f"stage={s.stage}", f"model={spec.preset}", f"data={s.data}",
+                        *list(s.get("data_overrides") or []), f"trainer={cfg.get('trainer', 'cpu')}",
+                        f"run_name={cfg.name}", f"hydra.run.dir={out}", *STAGE_CONSOLE_ARGS]
+                args += [f"stage.{k}={v}" for k, v in (s.get("set") or {}).items()]
+                args = merge_overrides(args + list(cfg.get("overrides") or []) + list(spec.overrides) + list(extra)
+                                       + seeded)
+                run = StageRun(spec.name, str(s.stage), out, done[parent].last_ckpt if parent else None, args, seed)
+                done[s.stage] = run
+                runs.append(run)
     return runs
 
 
@@ -178,13 +235,15 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     machine runs two 1-thread chains faster than one 2-thread chain). Exits with the first
     failure's code once every chain has stopped."""
     console = console or StageConsole()
-    chains: dict[str, list[StageRun]] = {}
+    chains: dict[tuple[int | None, str], list[StageRun]] = {}
     for run in runs:
-        chains.setdefault(run.model, []).append(run)
+        chains.setdefault(run.chain, []).append(run)
     wm, ws = max(len(r.model) for r in runs), max(len(r.stage) for r in runs)
+    wseed = max(len(f"seed{r.seed}") for r in runs) if runs[0].seed is not None else 0
 
-    def label(run: StageRun) -> str:  # aligned columns across both models' lines
-        return f"{run.model:<{wm}}  {run.stage:<{ws}}"
+    def label(run: StageRun) -> str:  # aligned columns across all chains' lines
+        seed = f"{f'seed{run.seed}':<{wseed}}  " if run.seed is not None else ""
+        return f"{seed}{run.model:<{wm}}  {run.stage:<{ws}}"
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = [pool.submit(_run_chain, chain, console, label) for chain in chains.values()]
@@ -195,8 +254,56 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     summary = []
     for run in runs:
         res = run.result() or {}
-        summary.append({"model": run.model, "stage": run.stage, "checkpoint": str(run.last_ckpt),
+        summary.append({**({"seed": run.seed} if run.seed is not None else {}), "model": run.model, "stage": run.stage, "checkpoint": str(run.last_ckpt),
                         "global_step": res.get("global_step"),
                         "train_loss": res.get("metrics", {}).get("train/loss"),
                         "val_loss": res.get("metrics", {}).get("val/loss")})
     return summary
+
+
+@dataclass
+class ReportJob:
+    """One closing comparison: model `a` vs model `b` at a stage, under one training seed."""
+    name: str  # the evaluate entry's name
+    seed: int | None
+    a: StageRun
+    b: StageRun
+    out_dir: Path
+    overrides: list[str]
+
+
+def evaluate_pairs(cfg: DictConfig) -> list[tuple[DictConfig, str, str]]:
+    """Each evaluate entry with the labels it compares: its `pair`, else the first two models.
+    Checked before any training, so a typo does not surface after hours of it."""
+    labels, stages = [s.name for s in model_specs(cfg)], [str(s.stage) for s in cfg.stages]
+    out = []
+    for entry in cfg.get("evaluate") or []:
+        if entry.get("name") is None or entry.get("stage") not in stages:
+            raise ConfigError(f"curriculum {cfg.name}: an evaluate entry needs a name and one of the stages "
+                              f"{stages}, got {dict(entry)}")
+        pair = entry.get("pair")
+        if pair is None:
+            if len(labels) < 2:
+                raise ConfigError(f"the closing comparison needs two models, got curriculum.models=[{','.join(labels)}]; "
+                                  f"pass two models or evaluate=false")
+            pair = labels[:2]
+        pair = [str(p) for p in pair] if not isinstance(pair, str) else [pair]
+        if len(pair) != 2 or pair[0] == pair[1] or any(p not in labels for p in pair):
+            raise ConfigError(f"curriculum {cfg.name}: evaluate {entry.name}: pair must name two different "
+                              f"models of {labels}, got {pair}")
+        out.append((entry, pair[0], pair[1]))
+    return out
+
+
+def report_jobs(cfg: DictConfig, runs: list[StageRun], root: Path) -> list[ReportJob]:
+    """Every evaluate.py call, entry by entry and seed by seed; reports go to
+    root/report/<entry>/ (without seeds) or root/report/<entry>/seed<s>/."""
+    by_key = {(r.seed, r.model, r.stage): r for r in runs}
+    seed_list = seeds(cfg)
+    jobs = []
+    for entry, a, b in evaluate_pairs(cfg):
+        for seed in seed_list if seed_list is not None else [None]:
+            out = root / "report" / str(entry.name) / (f"seed{seed}" if seed is not None else "")
+            jobs.append(ReportJob(str(entry.name), seed, by_key[(seed, a, str(entry.stage))],
+                                  by_key[(seed, b, str(entry.stage))], out, list(entry.get("overrides") or [])))
+    return jobs

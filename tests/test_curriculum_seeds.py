@@ -1,0 +1,151 @@
+"""Curricula with several training seeds, model variants and per-entry comparison pairs (plan level)."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from _train_helpers import CONFIG_DIR
+from anchormass.errors import ConfigError
+from anchormass.training.curriculum import check_curriculum, evaluate_pairs, plan, report_jobs
+
+STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo"},
+          {"stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo"}]
+VARIANT = {"name": "no_outliers", "model": "anchormass_tiny", "overrides": ["model.outliers=false"]}
+
+
+def curriculum(**keys):
+    return check_curriculum(OmegaConf.create({"name": "c", "models": ["standard_tiny", "anchormass_tiny"],
+                                              "stages": STAGES, "overrides": ["logger=none", "seed=7"], **keys}))
+
+
+def test_seeds_give_one_chain_per_seed_and_model_with_the_seed_override(tmp_path):
+    runs = plan(curriculum(seeds=[0, 1, 2]), tmp_path, ["seed=99"])
+    assert len(runs) == 3 * 2 * 2
+    by = {(r.seed, r.model, r.stage): r for r in runs}
+    for s in (0, 1, 2):
+        for model in ("standard_tiny", "anchormass_tiny"):
+            warm = by[(s, model, "warmup_4k")]
+            assert warm.out_dir == tmp_path / "c" / f"seed{s}" / model / "warmup_4k"
+            assert warm.init_from == by[(s, model, "pretrain_1k")].last_ckpt  # chained within the seed
+            # the chain's seed wins over the curriculum's and the command line's seed=
+            assert [a for a in warm.args if a.startswith("seed=")] == [f"seed={s}"]
+            assert warm.chain == (s, model)
+        # the two models of a seed differ only in the model and the folder: identical data and seed
+        strip = lambda r: [a for a in r.args if not a.startswith(("model=", "hydra.run.dir="))]  # noqa: E731
+        assert strip(by[(s, "standard_tiny", "warmup_4k")]) == strip(by[(s, "anchormass_tiny", "warmup_4k")])
+    assert by[(0, "standard_tiny", "pretrain_1k")].args != by[(1, "standard_tiny", "pretrain_1k")].args
+
+
+def test_without_seeds_the_layout_and_arguments_are_unchanged(tmp_path):
+    runs = plan(curriculum(), tmp_path, [])
+    assert [r.seed for r in runs] == [None] * 4
+    assert runs[0].out_dir == tmp_path / "c" / "standard_tiny" / "pretrain_1k"
+    assert [a for a in runs[0].args if a.startswith("seed=")] == ["seed=7"]
+
+
+def test_seeds_override_on_the_command_line():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("run_curriculum", overrides=["curriculum=mini", "curriculum.seeds=[0,1]"]).curriculum
+        plain = compose("run_curriculum", overrides=["curriculum=mini"]).curriculum
+    assert cfg.seeds == [0, 1] and plain.seeds is None
+
+
+@pytest.mark.parametrize("bad", [[], [0, 0], ["a"], [True], 3, "0"])
+def test_bad_seeds_are_one_line_errors(bad):
+    with pytest.raises(ConfigError, match="curriculum.seeds must be a non-empty list of distinct integers"):
+        curriculum(seeds=bad)
+
+
+def test_variants_get_their_label_and_overrides_after_the_curriculum_ones(tmp_path):
+    cfg = curriculum(models=["anchormass_tiny", VARIANT], overrides=["logger=none", "model.outliers=true"])
+    runs = plan(cfg, tmp_path, ["optim.weight_decay=0.05"])
+    by = {(r.model, r.stage): r for r in runs}
+    var = by[("no_outliers", "warmup_4k")]
+    assert var.out_dir == tmp_path / "c" / "no_outliers" / "warmup_4k"
+    assert "model=anchormass_tiny" in var.args and "model.outliers=false" in var.args
+    assert "model.outliers=true" not in var.args and "optim.weight_decay=0.05" in var.args
+    assert var.init_from == by[("no_outliers", "pretrain_1k")].last_ckpt
+    assert "model.outliers=true" in by[("anchormass_tiny", "warmup_4k")].args
+
+
+@pytest.mark.parametrize("models, match", [
+    (["anchormass_tiny", {**VARIANT, "name": "anchormass_tiny"}], "labels must be unique, anchormass_tiny repeats"),
+    ([{"name": "x"}], "a models entry is a preset name or"),
+    ([{"name": "x", "model": "anchormass_tiny", "override": []}], "unknown keys"),
+])
+def test_bad_model_entries_are_one_line_errors(models, match):
+    with pytest.raises(ConfigError, match=match):
+        curriculum(models=models)
+
+
+def test_evaluate_pairs_default_to_the_first_two_models_and_run_per_seed(tmp_path):
+    cfg = curriculum(models=["standard_tiny", "anchormass_tiny", VARIANT], seeds=[3, 5],
+                     evaluate=[{"name": "main", "stage": "warmup_4k", "overrides": ["suite=ppl"]},
+                               {"name": "ablation", "stage": "pretrain_1k", "pair": ["anchormass_tiny", "no_outliers"]}])
+    assert [(e.name, a, b) for e, a, b in evaluate_pairs(cfg)] == [
+        ("main", "standard_tiny", "anchormass_tiny"), ("ablation", "anchormass_tiny", "no_outliers")]
+    root = tmp_path / "c"
+    jobs = report_jobs(cfg, plan(cfg, tmp_path, []), root)
+    assert [(j.name, j.seed, j.a.model, j.b.model, j.a.stage) for j in jobs] == [
+        ("main", 3, "standard_tiny", "anchormass_tiny", "warmup_4k"), ("main", 5, "standard_tiny", "anchormass_tiny", "warmup_4k"),
+        ("ablation", 3, "anchormass_tiny", "no_outliers", "pretrain_1k"),
+        ("ablation", 5, "anchormass_tiny", "no_outliers", "pretrain_1k")]
+    assert jobs[1].out_dir == root / "report" / "main" / "seed5" and jobs[1].overrides == ["suite=ppl"]
+    assert jobs[1].a.seed == jobs[1].b.seed == 5 and jobs[1].a.out_dir.parent.parent.name == "seed5"
+
+
+def test_evaluate_without_seeds_keeps_the_report_folder(tmp_path):
+    cfg = curriculum(evaluate=[{"name": "main", "stage": "warmup_4k"}])
+    [job] = report_jobs(cfg, plan(cfg, tmp_path, []), tmp_path / "c")
+    assert job.out_dir == tmp_path / "c" / "report" / "main" and job.seed is None
+
+
+@pytest.mark.parametrize("models, entry, match", [
+    (["anchormass_tiny"], {"name": "m", "stage": "warmup_4k"}, "needs two models"),
+    (["standard_tiny", "anchormass_tiny"], {"name": "m", "stage": "warmup_4k", "pair": ["standard_tiny", "x"]},
+     "pair must name two different models"),
+    (["standard_tiny", "anchormass_tiny"], {"name": "m", "stage": "warmup_4k", "pair": ["standard_tiny"] * 2},
+     "pair must name two different models"),
+    (["standard_tiny", "anchormass_tiny"], {"name": "m", "stage": "nope"}, "needs a name and one of the stages"),
+])
+def test_bad_evaluate_entries_are_one_line_errors(models, entry, match):
+    with pytest.raises(ConfigError, match=match):
+        evaluate_pairs(curriculum(models=models, evaluate=[entry]))
+
+
+@pytest.mark.slow
+def test_tiny_curriculum_with_seeds_and_a_variant_end_to_end(tmp_path):
+    """Two seeds x (a preset, a variant of it) x one 2-step stage, then the comparison per seed
+    and its aggregate; the console shows a seed column and every report path."""
+    import json
+    import subprocess
+
+    from _train_helpers import REPO, subprocess_env
+    from test_train_curriculum import curriculum_cmd, tiny_curriculum
+
+    variant = {"name": "am_wd0", "model": "anchormass_tiny", "overrides": ["optim.weight_decay=0.0"]}
+    cur = tiny_curriculum(tmp_path, ["anchormass_tiny", variant], [("pretrain_1k", None, 32)], parallel=2, evaluate=[
+        {"name": "cmp", "stage": "pretrain_1k",
+         "overrides": ["suite=[ppl]", "eval=cpu_tiny", "eval.ppl.contexts=[0,16]", "eval.ppl.target_len=16",
+                       "eval.ppl.n_anchors=2", f"data_dir={tmp_path / 'data' / 'demo'}", "device=cpu"]}])
+    proc = subprocess.run([*curriculum_cmd(tmp_path, cur), "curriculum.seeds=[0,1]"], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    root = tmp_path / "runs" / "t"
+    for seed in (0, 1):
+        for model in ("anchormass_tiny", "am_wd0"):
+            args = (root / f"seed{seed}" / model / "pretrain_1k" / "train.log").read_text()
+            assert f"seed={seed}" in args and ("optim.weight_decay=0.0" in args) == (model == "am_wd0")
+        assert (root / "report" / "cmp" / f"seed{seed}" / "report.md").is_file()
+    agg = json.loads((root / "report" / "cmp" / "results.json").read_text())
+    stats = agg["suites"]["ppl"]["json"]["summary"]
+    assert agg["seeds"] == [0, 1] and stats and all(s["n"] == 2 for s in stats.values())
+    report = (root / "report" / "cmp" / "report.md").read_text()
+    assert "seed0/report.md" in report and "## ppl" in report
+    assert "- anchormass_tiny (ckpt, A) vs am_wd0 (compare_ckpt, B) at stage pretrain_1k" in report
+    summary = json.loads((root / "curriculum.json").read_text())
+    assert summary["seeds"] == [0, 1]
+    assert sorted((s["seed"], s["model"]) for s in summary["stages"]) == [
+        (0, "am_wd0"), (0, "anchormass_tiny"), (1, "am_wd0"), (1, "anchormass_tiny")]
+    assert f"report: {root / 'report' / 'cmp' / 'report.md'}" in proc.stdout
+    assert any(line.split()[:1] == ["seed"] for line in proc.stdout.splitlines())  # the table's seed column
