@@ -18,6 +18,7 @@ SUITES: dict[str, str] = {
     "hitrate": "anchormass.eval.hitrate:HitRateSuite",
     "baselines": "anchormass.eval.baselines:BaselinesSuite",
     "lm_eval": "anchormass.eval.lm_eval_suite:LmEvalSuite",
+    "recall_frontier": "anchormass.eval.frontier:RecallFrontierSuite",
     "mqar": "anchormass.eval.mqar:MqarSuite",
 }
 
