@@ -122,10 +122,45 @@ def demo_document(rng: random.Random, n_sentences: int) -> str:
     return "\n".join(paragraphs)
 
 
+def copy_document(rng: random.Random) -> str:
+    """A list of random words said twice: every token of the repeat is predictable only by finding
+    the same words earlier (the induction pattern retrieval is built from), at a distance that
+    varies from document to document."""
+    words = [rng.choice(_COPY_WORDS) for _ in range(rng.randrange(6, 30))]
+    text = " ".join(words)
+    return f"The list is {text}. Again, the list is {text}."
+
+
+def passkey_document(rng: random.Random, max_sentences: int = 6) -> str:
+    """A short passkey haystack laid out as the passkey suite builds its prompts: pieces joined in
+    token space, which in text is a double space after the needle and between filler groups, and
+    the needle at any word of the filler. The answer restates the needle."""
+    code = f"{rng.randrange(1000, 10000)}"
+    classic = rng.random() < 0.6
+    sentences = [CLASSIC_FILLER[0] if classic and rng.random() < 0.8 else _filler(rng)
+                 for _ in range(rng.randrange(0, max_sentences + 1))]
+    words = "  ".join(sentences).split(" ") if sentences else []
+    at = rng.randrange(len(words) + 1)
+    before, after = " ".join(words[:at]), " ".join(words[at:]).lstrip(" ")
+    text = (before + " " if before else "") + f"The passkey is {code}. Remember it. {code} is the passkey."
+    text += ("  " + after if after else "") + ("  " if rng.random() < 0.5 else " ")
+    return text + f"Question: What is the passkey? Answer: The passkey is {code}."
+
+
+_COPY_WORDS = tuple(w for group in (NAMES, OBJECTS, COLORS, PLACES, VERBS, ADJS, THINGS, WEATHER) for w in group)
+
+
 def demo_documents(n_docs: int = 340, seed: int = 42, min_sentences: int = 150,
-                   max_sentences: int = 700) -> Iterator[str]:
+                   max_sentences: int = 700, recall_docs: float = 0.0, recall_per_doc: int = 40) -> Iterator[str]:
+    """`n_docs` grammar documents; with `recall_docs` > 0, that fraction of them is instead a run of
+    `recall_per_doc` short retrieval documents (copy lists and passkey haystacks, half each),
+    joined by blank lines: retrieval-dense text for the recall study."""
     rng = random.Random(seed)
     for _ in range(n_docs):
+        if recall_docs and rng.random() < recall_docs:
+            yield "\n\n".join(copy_document(rng) if rng.random() < 0.5 else passkey_document(rng)
+                              for _ in range(recall_per_doc))
+            continue
         yield demo_document(rng, rng.randrange(min_sentences, max_sentences + 1))
 
 

@@ -29,6 +29,10 @@ class LongContextSpec:
     n_facts: int = 4  # facts inserted per example; one of them is asked about
     kinds: tuple[str, ...] = ("passkey", "kv")
     lm_loss: bool = False
+    # A fraction of the examples are MQAR items instead (data/mqar.py; loss on the asked values):
+    # many key-value bindings per example where a fact example has one question.
+    mqar_fraction: float = 0.0
+    mqar: dict = field(default_factory=lambda: {"vocab": None, "n_pairs": 16, "alpha": 1.0})
     templates: dict = field(default_factory=lambda: {
         "passkey": {"fact": "The passkey is {value}. Remember it. {value} is the passkey.",
                     "question": "What is the passkey? The passkey is", "answer": " {value}."},
@@ -86,8 +90,20 @@ def build_examples(source: np.ndarray, tok: Tokenizer, spec: LongContextSpec, n_
                    ) -> Iterator[tuple[list[int], list[int]]]:
     """Yield (ids, mask) pairs of exactly spec.length tokens; `source` is a filler token array."""
     ends = _sentence_ends(tok)
+    vocab = None
+    if spec.mqar_fraction > 0:
+        from anchormass.data.mqar import MQARVocab, training_example
+
+        vocab = MQARVocab.from_config(spec.mqar.get("vocab") or {})
+        vocab.check_fits(tok.vocab_size)
     for i in range(n_examples):
         rng = np.random.default_rng([seed, i])
+        if vocab is not None and rng.random() < spec.mqar_fraction:
+            n_pairs = int(spec.mqar.get("n_pairs", 16))
+            ids, mask = training_example(vocab, spec.length, n_pairs, n_pairs, seed, i,
+                                         float(spec.mqar.get("alpha", 1.0)))
+            yield [int(t) for t in ids], [int(m) for m in mask]
+            continue
         facts = _facts(rng, spec)
         fact_ids = [tok.encode(f) for f, _, _ in facts]
         asked = int(rng.integers(len(facts)))

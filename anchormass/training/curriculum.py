@@ -297,7 +297,8 @@ def evaluate_pairs(cfg: DictConfig) -> list[tuple[DictConfig, str, str]]:
 
 def report_jobs(cfg: DictConfig, runs: list[StageRun], root: Path) -> list[ReportJob]:
     """Every evaluate.py call, entry by entry and seed by seed; reports go to
-    root/report/<entry>/ (without seeds) or root/report/<entry>/seed<s>/."""
+    root/report/<entry>/ (without seeds) or root/report/<entry>/seed<s>/. The curriculum's
+    `eval_overrides` follow every entry's own (e.g. smaller evaluation sizes for a quick run)."""
     by_key = {(r.seed, r.model, r.stage): r for r in runs}
     seed_list = seeds(cfg)
     jobs = []
@@ -305,5 +306,6 @@ def report_jobs(cfg: DictConfig, runs: list[StageRun], root: Path) -> list[Repor
         for seed in seed_list if seed_list is not None else [None]:
             out = root / "report" / str(entry.name) / (f"seed{seed}" if seed is not None else "")
             jobs.append(ReportJob(str(entry.name), seed, by_key[(seed, a, str(entry.stage))],
-                                  by_key[(seed, b, str(entry.stage))], out, list(entry.get("overrides") or [])))
+                                  by_key[(seed, b, str(entry.stage))], out,
+                                  list(entry.get("overrides") or []) + list(cfg.get("eval_overrides") or [])))
     return jobs
