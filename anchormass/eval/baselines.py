@@ -47,12 +47,14 @@ BYTE_FIELDS = ("stored_prefill", "stored_end", "allocated_prefill", "allocated_p
 
 @dataclass
 class Method:
-    """One column of the comparison: a model plus a cache setting."""
+    """One column of the comparison: a model plus a cache setting (and, on the recall frontier, the
+    budget level it belongs to: "full" or the AnchorMass slot budget as text)."""
 
-    name: str  # "anchormass" | "full" | a kv policy name
+    name: str  # baselines: "anchormass" | "full" | a kv policy; frontier: "<arch>/<policy or full>"
     model: EvalModel
     policy: object = None
     budget: int | None = None
+    level: str = "full"
 
 
 @dataclass
@@ -150,19 +152,11 @@ class BaselinesSuite(Suite):
         if ctx.tokenizer is None:
             self.passkey_note = "skipped: no tokenizer"
             return
-        from anchormass.eval.haystack import make_trial
-        from anchormass.eval.passkey import build_haystack
+        from anchormass.eval.passkey import passkey_setup
 
-        cfg = dict(cfg)
-        options = Suite(cfg)  # the passkey suite's haystack options (filler, lang, filler_path, bos)
-        options.name = self.name
-        hay = build_haystack(options, ctx)
-        trials = [make_trial(int(n), float(d), int(s)) for n in cfg.get("lengths", [256])
-                  for d in cfg.get("depths", [0.1, 0.5, 0.9]) for s in cfg.get("seeds", [0])]
-        for t in trials:
-            ctx.check_length(self.name, t.length)
-            hay.build(t)  # too-short lengths fail here, before anything runs
-        self.passkey = {"haystack": hay, "trials": trials, "new_tokens": int(cfg.get("new_tokens", 8))}
+        cfg = {"depths": [0.1, 0.5, 0.9], "seeds": [0], **cfg}
+        hay, trials, new_tokens = passkey_setup(self.name, cfg, ctx, cfg.get("lengths", [256]))
+        self.passkey = {"haystack": hay, "trials": trials, "new_tokens": new_tokens}
 
     # --------------------------------------------------------------- running
     def _chunk(self, m: EvalModel) -> int:

@@ -18,7 +18,6 @@ count, and McNemar over the pooled pairs (seed, item, query).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,28 +29,16 @@ from anchormass.data.mqar import MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.answers import score_answer
-from anchormass.eval.baselines import matched_budget
+from anchormass.eval.baselines import Method, matched_budget
 from anchormass.eval.common import fmt_p, progress
-from anchormass.eval.haystack import make_trial
 from anchormass.eval.mqar import cached_predictions
-from anchormass.eval.passkey import build_haystack
+from anchormass.eval.passkey import passkey_setup
 from anchormass.eval.sessions import session_decode, standard_bytes_per_token
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 
 KIB = 1024
 TASKS = ("passkey", "mqar")
-
-
-@dataclass
-class Method:
-    """One line of the frontier: a model and a cache setting at a budget level."""
-
-    name: str  # "anchormass/<slot policy>", "anchormass/full", "standard/full", "standard/<kv policy>"
-    model: EvalModel
-    level: str  # "full" or the AnchorMass slot budget as text
-    policy: object = None
-    budget: int | None = None
 
 
 def method_key(row: dict) -> tuple:
@@ -93,17 +80,9 @@ class RecallFrontierSuite(Suite):
         for L in self.lengths:
             ctx.check_length(self.name, L)
         # passkey: the passkey suite's haystack and trials
-        pk = dict(self.opt("passkey") or {})
-        options = Suite(pk)
-        options.name = self.name
-        self.hay = build_haystack(options, ctx)
-        self.new_tokens = int(pk.get("new_tokens", 8))
-        depths = [float(d) for d in pk.get("depths", [0.1, 0.3, 0.5, 0.7, 0.9])]
-        seeds = [int(s) for s in pk.get("seeds", [0, 1, 2])]
-        self.trials = {L: [make_trial(L, d, s) for d in depths for s in seeds] for L in self.lengths}
-        for ts in self.trials.values():
-            for t in ts:
-                self.hay.build(t)  # too short -> ConfigError now
+        self.hay, trials, self.new_tokens = passkey_setup(self.name, dict(self.opt("passkey") or {}), ctx,
+                                                          self.lengths)
+        self.trials = {L: [t for t in trials if t.length == L] for L in self.lengths}
         # mqar: token-space items, identical for both models
         mq = dict(self.opt("mqar") or {})
         self.vocab = MQARVocab.from_config(mq.get("vocab") or {})
@@ -125,37 +104,42 @@ class RecallFrontierSuite(Suite):
     def _chunk(self, m: EvalModel) -> int:
         return int(self.chunk) if self.chunk else m.config.prefill_chunk
 
-    def _passkey(self, method: Method, length: int) -> tuple[list[dict], float]:
-        """Outcomes per trial and the mean stored bytes per sequence after the last token."""
+    def _batches(self, method: Method, items: list, ids_of, score) -> tuple[list[dict], float]:
+        """Runs `items` through the method's cache in batches: ids_of(batch) -> prompt ids, and
+        score(batch, model, ids) -> (outcomes, session bytes). Returns every outcome and the mean
+        stored bytes per sequence after the last token."""
         out, stored = [], []
-        model, tok = method.model.model, self.hay.tok
-        trials = self.trials[length]
-        for s in range(0, len(trials), self.batch_size):
-            batch = trials[s:s + self.batch_size]
-            ids = torch.tensor([self.hay.build(t) for t in batch], device=next(model.parameters()).device)
-            new, kv = session_decode(model, ids, self.new_tokens, self._chunk(method.model), method.policy,
-                                     method.budget, vocab_limit=tok.vocab_size)
-            stored.append(kv.stored_end / len(batch))
-            for t, row in zip(batch, new.tolist()):
-                hit = score_answer(tok.decode(row), t.key)["exact"]
-                out.append({"item": f"d{t.depth}/s{t.seed}", "correct": bool(hit)})
-        return out, float(np.mean(stored))
-
-    def _mqar(self, method: Method, length: int) -> tuple[list[dict], float]:
-        out, stored = [], []
-        model = method.model.model
-        items = self.items[length]
-        positions = items[0].query_pos  # every item of a length shares the layout
+        device = next(method.model.model.parameters()).device
         for s in range(0, len(items), self.batch_size):
             batch = items[s:s + self.batch_size]
-            ids = torch.tensor([it.ids for it in batch], dtype=torch.long, device=next(model.parameters()).device)
-            pred, kv = cached_predictions(model, ids, batch[0].context_len, positions, self._chunk(method.model),
-                                          method.policy, method.budget)
+            outcomes, kv = score(batch, torch.tensor(ids_of(batch), dtype=torch.long, device=device))
+            out += outcomes
             stored.append(kv.stored_end / len(batch))
-            for it, row in zip(batch, pred.tolist()):
-                out += [{"item": f"{it.index}/q{q}", "correct": bool(p == v)}
-                        for q, (p, v) in enumerate(zip(row, it.values))]
         return out, float(np.mean(stored))
+
+    def _passkey(self, method: Method, length: int) -> tuple[list[dict], float]:
+        """Exact match per trial (greedy decoding of `new_tokens`)."""
+        tok = self.hay.tok
+
+        def score(batch, ids):
+            new, kv = session_decode(method.model.model, ids, self.new_tokens, self._chunk(method.model),
+                                     method.policy, method.budget, vocab_limit=tok.vocab_size)
+            return [{"item": f"d{t.depth}/s{t.seed}", "correct": bool(score_answer(tok.decode(row), t.key)["exact"])}
+                    for t, row in zip(batch, new.tolist())], kv
+
+        return self._batches(method, self.trials[length], lambda b: [self.hay.build(t) for t in b], score)
+
+    def _mqar(self, method: Method, length: int) -> tuple[list[dict], float]:
+        """Argmax accuracy per query (the value after each query key)."""
+        positions = self.items[length][0].query_pos  # every item of a length shares the layout
+
+        def score(batch, ids):
+            pred, kv = cached_predictions(method.model.model, ids, batch[0].context_len, positions,
+                                          self._chunk(method.model), method.policy, method.budget)
+            return [{"item": f"{it.index}/q{q}", "correct": bool(p == v)}
+                    for it, row in zip(batch, pred.tolist()) for q, (p, v) in enumerate(zip(row, it.values))], kv
+
+        return self._batches(method, self.items[length], lambda b: [it.ids for it in b], score)
 
     def _fed(self, task: str) -> int:
         """Tokens fed after the prefill (SnapKV keeps them all on top of its budget)."""
@@ -179,17 +163,17 @@ class RecallFrontierSuite(Suite):
                 rows.append(row)
                 return row
 
-            record(Method("standard/full", self.standard, "full"))
-            record(Method("anchormass/full", self.anchormass, "full"))
+            record(Method("standard/full", self.standard))
+            record(Method("anchormass/full", self.anchormass))
             for level in self.levels:
                 ref = None
                 for p in self.slot_policies:
-                    row = record(Method(f"anchormass/{p}", self.anchormass, str(level), p, level))
+                    row = record(Method(f"anchormass/{p}", self.anchormass, p, level, str(level)))
                     ref = ref or row
                 target = ref["stored"]
                 for name, policy in kv_objs.items():
                     budget, note = matched_budget(policy, target / per_token, self._fed(task))
-                    record(Method(f"standard/{name}", self.standard, str(level), policy, budget), target, note)
+                    record(Method(f"standard/{name}", self.standard, policy, budget, str(level)), target, note)
         for r in rows:
             r["rate"] = r["k"] / r["n"] if r["n"] else float("nan")
         summary = {f"{r['task']}/L{r['length']}/{r['level']}/{r['method']}": r["rate"] for r in rows}
@@ -202,11 +186,17 @@ class RecallFrontierSuite(Suite):
                 "rows": rows, "summary": summary}
 
     # --------------------------------------------------------------- results
+    def _pooled(self, result: dict) -> dict:
+        """One seed's frontier through `aggregate`, computed once for report() and plots()."""
+        if getattr(self, "_pooled_for", None) is not result:
+            self._pooled_for, self._pooled_once = result, self.aggregate([result], [None])
+        return self._pooled_once
+
     def report(self, result: dict) -> str:
-        return self.aggregate([result], [None])["markdown"]
+        return self._pooled(result)["markdown"]
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return self.aggregate([result], [None])["plots"](out_dir)
+        return self._pooled(result)["plots"](out_dir)
 
     @classmethod
     def aggregate(cls, results: list[dict], seeds: list) -> dict:

@@ -73,6 +73,20 @@ def trial_grid(lengths, depths, seeds, phrasing: str = "plain") -> list[Trial]:
     return [make_trial(int(L), float(d), int(s), phrasing) for L in lengths for d in depths for s in seeds]
 
 
+def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Haystack, list[Trial], int]:
+    """The passkey trials another suite borrows (baselines, recall_frontier): this suite's haystack
+    options from `cfg` (filler, lang, filler_path, bos), the (length, depth, seed) grid and the number
+    of tokens to decode. Every prompt is built once here, so a too-short length fails before any run."""
+    options = Suite(dict(cfg))
+    options.name = owner
+    hay = build_haystack(options, ctx)
+    trials = trial_grid(lengths, cfg.get("depths", DEFAULT_DEPTHS), cfg.get("seeds", [0, 1, 2]))
+    for t in trials:
+        ctx.check_length(owner, t.length)
+        hay.build(t)
+    return hay, trials, int(cfg.get("new_tokens", 8))
+
+
 def tally(records: list[dict]) -> dict:
     n = len(records)
     return {"n": n, "exact": sum(r["exact"] for r in records),
