@@ -26,7 +26,7 @@ def test_unknown_choice_exits_2(capsys):
 
 
 @pytest.mark.parametrize("script", ["train.py", "evaluate.py", "scripts/prepare_data.py", "scripts/run_curriculum.py",
-                                    "scripts/bench.py"])
+                                    "scripts/bench.py", "scripts/recall_probe.py"])
 def test_every_entry_point_checks_before_hydra(script):
     proc = subprocess.run([sys.executable, script, "data=no_such_dataset"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
