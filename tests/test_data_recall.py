@@ -57,3 +57,74 @@ def test_longctx_mixes_mqar_items_with_loss_on_values_only():
     for ids, mask in mqar:
         targets = [t for t, m in zip(ids, mask) if m]
         assert len(targets) == 8 and all(v.values[0] <= t < v.values[1] for t in targets)
+
+
+class _PieceTok(_Tok):
+    """Encodes words to ids (so 'passkey' is one id) and ends sentences with id 11 ('.')."""
+
+    def __init__(self):
+        self.ids = {".": 11}
+
+    def encode(self, text):
+        for mark in ".?:,":
+            text = text.replace(mark, " " + mark)
+        return [self.ids.setdefault(w, 20 + len(self.ids)) for w in text.split()]
+
+    def id_to_piece(self, i):
+        return "." if i == 11 else "w"
+
+
+def test_recall_sft_episodes_fill_the_example_with_answers_and_one_passkey_each():
+    tok = _PieceTok()
+    spec = LongContextSpec(length=600, n_facts=4, kinds=("passkey", "kv"), episode_len=(64, 160), classic_filler=0.5,
+                           templates={"passkey": {"fact": "The passkey is {value}. Remember it.",
+                                                  "question": "Question: What is the passkey? Answer:",
+                                                  "answer": "The passkey is {value}."},
+                                      "kv": {"fact": "The value of {key} is {value}.",
+                                             "question": "Question: What is the value of {key}? Answer:",
+                                             "answer": "The value of {key} is {value}."}})
+    passkey, what = tok.encode("passkey")[0], tok.encode("What")[0]
+    # a source that names a passkey every 40 sentences: the filler drops those sentences
+    words = ("a b c d e . " * 39 + "the passkey f . ") * 60
+    source = np.asarray([tok.encode(w)[0] for w in words.split()])
+    examples = list(build_examples(source, tok, spec, 20, seed=3))
+    assert examples == list(build_examples(source, tok, spec, 20, seed=3))  # deterministic
+    answers = 0
+    for ids, mask in examples:
+        assert len(ids) == len(mask) == 600 and mask[0] == 0
+        answers += sum(1 for a, b in zip(mask, mask[1:] + [0]) if a == 1 and b == 0)
+        # passkey mentions come only from the episodes' own fact, question and answer (3 each;
+        # the cut last episode may hold one more or one fewer), never from the filler
+        asked = sum(1 for i in range(len(ids) - 3) if ids[i] == what and ids[i + 3] == passkey)
+        assert ids.count(passkey) - 3 * asked in (-1, 0, 1)
+    assert answers >= 20 * 600 // 160 - 20  # several answers per example, not one
+    assert any(tok.encode("grass")[0] in ids for ids, _ in examples)  # classic filler is used
+
+
+def test_episode_len_is_checked():
+    import pytest
+
+    from anchormass.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="episode_len"):
+        LongContextSpec(length=200, episode_len=(32, 100))
+    with pytest.raises(ConfigError, match="episode_len"):
+        LongContextSpec(length=200, episode_len=(64, 300))
+
+
+def test_code_copy_documents_repeat_their_digits():
+    from anchormass.data.demo_corpus import code_copy_document
+
+    rng = random.Random(2)
+    for _ in range(50):
+        first, second = re.fullmatch(r"The code is (\d+)\. Again, the code is (\d+)\.", code_copy_document(rng)).groups()
+        assert first == second and 4 <= len(first) <= 8
+
+
+def test_filler_drops_the_sentences_that_name_a_passkey():
+    from anchormass.data.longctx import without_sentences_naming
+
+    ends = np.zeros(100, dtype=bool)
+    ends[11] = True  # id 11 ends a sentence
+    source = np.asarray([20, 21, 11, 22, 50, 23, 11, 24, 11, 50, 11, 25])
+    assert without_sentences_naming(source, ends, 50).tolist() == [20, 21, 11, 24, 11, 25]

@@ -47,18 +47,18 @@ def load_curriculum(name: str):
 def test_mini_plan_chains_stages_for_both_models(tmp_path):
     cfg = load_curriculum("mini")
     runs = plan(cfg, tmp_path, ["trainer=cpu"])
-    assert [(r.model, r.stage) for r in runs[:6]] == [("standard_tiny", s) for s in
+    assert [(r.model, r.stage) for r in runs[:6]] == [("standard_tiny_h8", s) for s in
                                                       ["pretrain_1k", "warmup_4k", "longctx_8k", "longctx_16k",
                                                        "longctx_32k", "chat_sft"]]
     by = {(r.model, r.stage): r for r in runs}
-    for model in ("standard_tiny", "anchormass_tiny"):
+    for model in ("standard_tiny_h8", "anchormass_tiny_h8"):
         assert by[(model, "pretrain_1k")].init_from is None
         assert by[(model, "longctx_8k")].init_from == by[(model, "warmup_4k")].last_ckpt  # 2 -> 3a
         assert by[(model, "chat_sft")].init_from == by[(model, "warmup_4k")].last_ckpt  # 2 -> 3b
         assert by[(model, "longctx_32k")].out_dir == tmp_path / "mini" / model / "longctx_32k"
     # Both models get identical data arguments (seed-synchronised batches).
     strip = lambda r: [a for a in r.args if not a.startswith(("model=", "hydra.run.dir="))]  # noqa: E731
-    assert strip(by[("standard_tiny", "warmup_4k")]) == strip(by[("anchormass_tiny", "warmup_4k")])
+    assert strip(by[("standard_tiny_h8", "warmup_4k")]) == strip(by[("anchormass_tiny_h8", "warmup_4k")])
 
 
 def test_full_curriculum_plans_and_datasets():

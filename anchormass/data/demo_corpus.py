@@ -131,6 +131,13 @@ def copy_document(rng: random.Random) -> str:
     return f"The list is {text}. Again, the list is {text}."
 
 
+def code_copy_document(rng: random.Random) -> str:
+    """A random digit code said twice. Digits are single tokens, so copying the code in order
+    needs the two-token match the passkey answer needs (keys repeat digits: 4841)."""
+    code = "".join(str(rng.randrange(10)) for _ in range(rng.randrange(4, 9)))
+    return f"The code is {code}. Again, the code is {code}."
+
+
 def passkey_document(rng: random.Random, max_sentences: int = 6) -> str:
     """A short passkey haystack laid out as the passkey suite builds its prompts: pieces joined in
     token space, which in text is a double space after the needle and between filler groups, and
@@ -150,16 +157,26 @@ def passkey_document(rng: random.Random, max_sentences: int = 6) -> str:
 _COPY_WORDS = tuple(w for group in (NAMES, OBJECTS, COLORS, PLACES, VERBS, ADJS, THINGS, WEATHER) for w in group)
 
 
+def _recall_document(rng: random.Random, passkey_sentences: int) -> str:
+    r = rng.random()
+    if r < 0.25:
+        return copy_document(rng)
+    if r < 0.5:
+        return code_copy_document(rng)
+    return passkey_document(rng, passkey_sentences)
+
+
 def demo_documents(n_docs: int = 340, seed: int = 42, min_sentences: int = 150,
-                   max_sentences: int = 700, recall_docs: float = 0.0, recall_per_doc: int = 40) -> Iterator[str]:
+                   max_sentences: int = 700, recall_docs: float = 0.0, recall_per_doc: int = 40,
+                   passkey_sentences: int = 6) -> Iterator[str]:
     """`n_docs` grammar documents; with `recall_docs` > 0, that fraction of them is instead a run of
-    `recall_per_doc` short retrieval documents (copy lists and passkey haystacks, half each),
-    joined by blank lines: retrieval-dense text for the recall study."""
+    `recall_per_doc` short retrieval documents (a quarter word lists and a quarter digit codes,
+    each said twice, half passkey haystacks of up to `passkey_sentences` filler sentences), joined
+    by blank lines: retrieval-dense text (docs/method.md §6 h)."""
     rng = random.Random(seed)
     for _ in range(n_docs):
         if recall_docs and rng.random() < recall_docs:
-            yield "\n\n".join(copy_document(rng) if rng.random() < 0.5 else passkey_document(rng)
-                              for _ in range(recall_per_doc))
+            yield "\n\n".join(_recall_document(rng, passkey_sentences) for _ in range(recall_per_doc))
             continue
         yield demo_document(rng, rng.randrange(min_sentences, max_sentences + 1))
 

@@ -126,6 +126,7 @@ def seeds(cfg: DictConfig) -> list[int] | None:
 def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
     """Each distinct dataset the curriculum reads: (prepare_data.py arguments, prepared folder)."""
     out: dict[Path, list[str]] = {}
+    kinds: dict[Path, str] = {}
     for s in cfg.stages:
         path = DATA_CONFIG_DIR / f"{s.data}.yaml"
         if not path.is_file():
@@ -135,7 +136,9 @@ def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
         folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
         out.setdefault(folder, [f"data={s.data}", *overrides])
-    return [(args, folder) for folder, args in out.items()]
+        kinds.setdefault(folder, str(data.get("kind", "pretrain")))
+    # pretraining corpora first: long-context and SFT data read their tokenizer (and source) from one
+    return sorted(((args, folder) for folder, args in out.items()), key=lambda item: kinds[item[1]] != "pretrain")
 
 
 # scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
