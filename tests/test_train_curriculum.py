@@ -61,6 +61,12 @@ def test_mini_plan_chains_stages_for_both_models(tmp_path):
     assert strip(by[("standard_tiny_h8", "warmup_4k")]) == strip(by[("anchormass_tiny_h8", "warmup_4k")])
 
 
+def test_datasets_prepare_pretraining_corpora_before_what_reads_them():
+    # mini's stage 1 reads recall episodes built over data/demo, which stage 2 trains on
+    folders = [f.name for _, f in datasets(load_curriculum("mini"))]
+    assert folders[0] == "demo" and folders.index("demo_recall_pretrain") > 0 and len(folders) == len(set(folders))
+
+
 def test_full_curriculum_plans_and_datasets():
     cfg = load_curriculum("full_158m")
     runs = plan(cfg, REPO / "runs", ["trainer=ddp", "trainer.devices=8"])

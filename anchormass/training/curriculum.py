@@ -123,6 +123,17 @@ def seeds(cfg: DictConfig) -> list[int] | None:
     return items
 
 
+def _data_kind(path: Path) -> str:
+    """A data config's `kind`, looked up through its defaults list (a config may inherit it)."""
+    data = OmegaConf.load(path)
+    if "kind" in data:
+        return str(data.kind)
+    for parent in data.get("defaults") or []:
+        if isinstance(parent, str) and parent != "_self_" and (path.parent / f"{parent}.yaml").is_file():
+            return _data_kind(path.parent / f"{parent}.yaml")
+    return "pretrain"
+
+
 def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
     """Each distinct dataset the curriculum reads: (prepare_data.py arguments, prepared folder)."""
     out: dict[Path, list[str]] = {}
@@ -136,7 +147,7 @@ def datasets(cfg: DictConfig) -> list[tuple[list[str], Path]]:
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
         folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
         out.setdefault(folder, [f"data={s.data}", *overrides])
-        kinds.setdefault(folder, str(data.get("kind", "pretrain")))
+        kinds.setdefault(folder, _data_kind(path))
     # pretraining corpora first: long-context and SFT data read their tokenizer (and source) from one
     return sorted(((args, folder) for folder, args in out.items()), key=lambda item: kinds[item[1]] != "pretrain")
 
