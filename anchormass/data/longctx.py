@@ -172,11 +172,10 @@ def without_sentences_naming(source: np.ndarray, ends: np.ndarray, token: int) -
     return source[~np.isin(sentence, named)]
 
 
-def _episodes(source: np.ndarray, ends: np.ndarray, tok: Tokenizer, spec: LongContextSpec,
-              rng: np.random.Generator) -> tuple[list[int], list[int]]:
-    """Short single-fact episodes back to back up to spec.length tokens (the last one cut)."""
-    one = replace(spec, n_facts=1)
-    classic = np.asarray(tok.encode(CLASSIC_FILLER[0] + " "), dtype=np.int64)
+def _episodes(source: np.ndarray, ends: np.ndarray, tok: Tokenizer, spec: LongContextSpec, one: LongContextSpec,
+              classic: np.ndarray, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Short single-fact episodes (`one`: spec with n_facts=1) back to back up to spec.length tokens
+    (the last one cut); `classic` is the tokenised classic filler."""
     lo, hi = spec.episode_len
     ids: list[int] = []
     mask: list[int] = []
@@ -195,6 +194,9 @@ def build_examples(source: np.ndarray, tok: Tokenizer, spec: LongContextSpec, n_
     ends = _sentence_ends(tok)
     if "passkey" in spec.kinds:
         source = without_sentences_naming(source, ends, tok.encode("passkey")[-1])
+    if spec.episode_len is not None:  # built once, not per example
+        one = replace(spec, n_facts=1)
+        classic = np.asarray(tok.encode(CLASSIC_FILLER[0] + " "), dtype=np.int64)
     vocab = None
     if spec.mqar_fraction > 0:
         from anchormass.data.mqar import MQARVocab, training_example
@@ -217,6 +219,6 @@ def build_examples(source: np.ndarray, tok: Tokenizer, spec: LongContextSpec, n_
         if spec.episode_len is None:
             ids, mask = _fact_example(source, ends, tok, spec, spec.length, rng)
         else:
-            ids, mask = _episodes(source, ends, tok, spec, rng)
+            ids, mask = _episodes(source, ends, tok, spec, one, classic, rng)
         mask[0] = 0  # the first token is never a target
         yield ids, mask
