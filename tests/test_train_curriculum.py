@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from _train_helpers import CONFIG_DIR, REPO, subprocess_env
 from anchormass.errors import ConfigError
-from anchormass.training.curriculum import check_curriculum, command, datasets, merge_overrides, plan, stage_overrides
+from anchormass.training.curriculum import (check_curriculum, command, datasets, merge_overrides, plan, report_jobs,
+                                           stage_overrides)
 
 
 def tiny_curriculum(tmp_path, models: list, stages: list[tuple], **keys) -> dict:
@@ -56,8 +57,11 @@ def test_mini_plan_chains_stages_for_both_models(tmp_path):
         assert by[(model, "longctx_8k")].init_from == by[(model, "warmup_4k")].last_ckpt  # 2 -> 3a
         assert by[(model, "chat_sft")].init_from == by[(model, "warmup_4k")].last_ckpt  # 2 -> 3b
         assert by[(model, "longctx_32k")].out_dir == tmp_path / "mini" / model / "longctx_32k"
+    # Stage 1 is shared (one function at 64 tokens): AnchorMass's stage 2 starts from Standard's stage 1.
+    assert by[("anchormass_tiny_h8", "pretrain_1k")].shared_from is by[("standard_tiny_h8", "pretrain_1k")]
+    assert by[("anchormass_tiny_h8", "warmup_4k")].init_from == by[("standard_tiny_h8", "pretrain_1k")].last_ckpt
     # Both models get identical data arguments (seed-synchronised batches).
-    strip = lambda r: [a for a in r.args if not a.startswith(("model=", "hydra.run.dir="))]  # noqa: E731
+    strip = lambda r: [a for a in r.args if not a.startswith(("model=", "hydra.run.dir=", "init_across_arch="))]  # noqa: E731
     assert strip(by[("standard_tiny_h8", "warmup_4k")]) == strip(by[("anchormass_tiny_h8", "warmup_4k")])
 
 
@@ -65,6 +69,22 @@ def test_datasets_prepare_pretraining_corpora_before_what_reads_them():
     # mini's stage 1 reads recall episodes built over data/demo, which stage 2 trains on
     folders = [f.name for _, f in datasets(load_curriculum("mini"))]
     assert folders[0] == "demo" and folders.index("demo_recall_pretrain") > 0 and len(folders) == len(set(folders))
+
+
+def test_ablations_pair_each_variant_with_the_full_model_on_identical_data(tmp_path):
+    cfg = load_curriculum("ablations")
+    runs = plan(cfg, tmp_path, [])
+    jobs = report_jobs(cfg, runs, tmp_path / "ablations")
+    variants = [s.name for s in cfg.models][1:]
+    assert [j.name for j in jobs] == variants and all(j.a.model == "anchormass_full" for j in jobs)
+    assert [j.b.model for j in jobs] == variants and all(j.a.stage == j.b.stage == "longctx_8k" for j in jobs)
+    by = {(r.model, r.stage): r for r in runs}
+    own_dir = lambda args: {a for a in args if not a.startswith("hydra.run.dir=")}  # noqa: E731
+    full = own_dir(by[("anchormass_full", "longctx_8k")].args)
+    for spec in cfg.models[1:]:
+        args = own_dir(by[(spec.name, "longctx_8k")].args)
+        # the variant's own overrides are the only difference from the full model's stage arguments
+        assert args - full == set(spec.overrides) and full <= args
 
 
 def test_full_curriculum_plans_and_datasets():

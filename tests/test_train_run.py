@@ -10,9 +10,10 @@ from omegaconf import OmegaConf
 
 from _train_helpers import FAST, compose_train, stage_data, tiny_datasets
 from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.checkpoint import load_model, read_checkpoint
-from anchormass.training.run import train
+from anchormass.training.run import check_same_architecture, train
 
 STAGES = ["pretrain_1k", "warmup_4k", "longctx_8k", "longctx_16k", "longctx_32k", "chat_sft"]
 MODELS = ["standard_tiny", "anchormass_tiny"]
@@ -116,13 +117,28 @@ def test_init_from_other_architecture_is_refused(data, tmp_path):
     ckpt = train(cfg)["last_checkpoint"]
     cfg = compose_train(["model=anchormass_tiny", f"data_dir={data['pretrain']}", f"init_from={ckpt}", *FAST],
                         tmp_path / "b")
-    with pytest.raises(CheckpointError, match="different model.*arch"):
+    with pytest.raises(CheckpointError, match="different model.*arch.*init_across_arch=true"):
         train(cfg)
-    # Resuming ("last" = this run folder's last.ckpt) as the other architecture is refused too.
-    cfg = compose_train(["model=anchormass_tiny", f"data_dir={data['pretrain']}", "ckpt_path=last", *FAST],
-                        tmp_path / "a")
-    with pytest.raises(CheckpointError, match="different model.*arch"):
-        train(cfg)
+    # Resuming ("last" = this run folder's last.ckpt) as the other architecture is refused too,
+    # with or without init_across_arch (a resume continues one run).
+    for flag in ([], ["init_across_arch=true"]):
+        cfg = compose_train(["model=anchormass_tiny", f"data_dir={data['pretrain']}", "ckpt_path=last", *FAST, *flag],
+                            tmp_path / "a")
+        with pytest.raises(CheckpointError, match="different model.*arch"):
+            train(cfg)
+
+
+def test_init_across_arch_starts_anchormass_from_standard_weights(data, tmp_path):
+    cfg = compose_train(["model=standard_tiny", f"data_dir={data['pretrain']}", *FAST], tmp_path / "a")
+    ckpt = train(cfg)["last_checkpoint"]
+    cfg = compose_train(["model=anchormass_tiny", f"data_dir={data['pretrain']}", f"init_from={ckpt}",
+                         "init_across_arch=true", *FAST], tmp_path / "b")
+    hp = read_checkpoint(train(cfg)["last_checkpoint"])["hyper_parameters"]
+    assert hp["model_config"]["arch"] == "anchormass"
+    # only the architecture may differ: other shapes are still refused
+    saved = dict(read_checkpoint(ckpt)["hyper_parameters"]["model_config"], d_model=64)
+    with pytest.raises(CheckpointError, match="d_model: 64 in checkpoint vs 128"):
+        check_same_architecture(saved, load_model_config("anchormass_tiny"), "x.ckpt", across_arch=True)
 
 
 def test_init_from_with_another_tokenizer_is_refused(tmp_path):

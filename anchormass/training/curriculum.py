@@ -8,12 +8,20 @@ in `runs/<curriculum>/seed<s>/<model>/<stage>/`. A `models` entry is a preset na
 `{name: <label>, model: <preset>, overrides: [...]}` (an ablation of one preset). Re-running the same command continues where it stopped: finished stages
 (train_result.json at the stage's total steps) are skipped, an interrupted one resumes exactly
 from its own last.ckpt.
+
+A stage marked `shared: true` is trained once, by the first model, and every other model starts
+its next stages from that checkpoint. That is only allowed where the models are one function
+(anchormass/models/equivalence.py: AnchorMass is the Standard model up to min(W, S + C) tokens)
+and every other argument of the stage is the same, so sharing changes nothing but the compute:
+the miniature's 64-token stage 1 would otherwise be trained twice (once per model; six times in
+the ablations), to the same weights. The shared run gets the cores the waiting chains leave idle.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +30,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from anchormass.errors import ConfigError
+from anchormass.models import load_model_config
+from anchormass.models.equivalence import same_function_len
 from anchormass.training.logged_process import run_logged
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
@@ -44,6 +54,7 @@ class StageRun:
     init_from: Path | None
     args: list[str] = field(default_factory=list)  # train.py overrides
     seed: int | None = None  # the training seed, when the curriculum lists seeds
+    shared_from: "StageRun | None" = None  # a shared stage: the run (of the first model) that trains it
 
     @property
     def chain(self) -> tuple[int | None, str]:
@@ -182,6 +193,7 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
     seed_list = seeds(cfg)
     for seed in seed_list if seed_list is not None else [None]:
         base = runs_root / str(cfg.name) / (f"seed{seed}" if seed is not None else "")
+        owners: dict[str, StageRun] = {}  # shared stage -> the first model's run of it
         # The seed goes last: a command-line `seed=` cannot silently collapse the seeds into one.
         seeded = [f"seed={seed}"] if seed is not None else []
         for spec in model_specs(cfg):
@@ -196,12 +208,45 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
                         *list(s.get("data_overrides") or []), f"trainer={cfg.get('trainer', 'cpu')}",
                         f"run_name={cfg.name}", f"hydra.run.dir={out}", *STAGE_CONSOLE_ARGS]
                 args += [f"stage.{k}={v}" for k, v in (s.get("set") or {}).items()]
-                args = merge_overrides(args + list(cfg.get("overrides") or []) + list(spec.overrides) + list(extra)
-                                       + seeded)
+                if parent and done[parent].shared_from is not None:
+                    args.append("init_across_arch=true")  # the shared checkpoint is the first model's
+                threads = [f"torch_threads={cfg.parallel}"] if s.get("shared") and cfg.get("parallel", 1) > 1 else []
+                args = merge_overrides(args + list(cfg.get("overrides") or []) + list(spec.overrides) + threads
+                                       + list(extra) + seeded)
                 run = StageRun(spec.name, str(s.stage), out, done[parent].last_ckpt if parent else None, args, seed)
+                owner = owners.setdefault(str(s.stage), run) if s.get("shared") else run
+                if owner is not run:
+                    check_shared(cfg, s, owner, run)
+                    run = StageRun(spec.name, str(s.stage), owner.out_dir, None, owner.args, seed, shared_from=owner)
                 done[s.stage] = run
                 runs.append(run)
     return runs
+
+
+def _model_config(run: StageRun):
+    """The model a run trains: its preset with the run's `model.<field>=` overrides applied."""
+    preset = next(a.split("=", 1)[1] for a in run.args if a.startswith("model="))
+    fields = OmegaConf.from_dotlist([a.removeprefix("model.") for a in run.args if a.startswith("model.")])
+    return load_model_config(preset).replace(**OmegaConf.to_container(fields))
+
+
+def check_shared(cfg: DictConfig, stage: DictConfig, owner: StageRun, run: StageRun) -> None:
+    """A stage may be shared only if the models compute the same function at its length and every
+    other argument (data, steps, learning rate, seed ...) is the same for both."""
+    where = f"curriculum {cfg.name}: stage {stage.stage} is shared"
+    if stage.get("init_from") is not None:
+        raise ConfigError(f"{where}, so it must start from scratch (init_from: null), not from {stage.init_from}")
+    own = lambda r: {a for a in r.args if not a.startswith(("model=", "model.", "hydra.run.dir="))}  # noqa: E731
+    if own(owner) != own(run):
+        raise ConfigError(f"{where}, but {run.model} trains it with other arguments than {owner.model}: "
+                          f"{sorted(own(run) ^ own(owner))}")
+    seq = next((a.split("=", 1)[1] for a in reversed(owner.args) if a.startswith("stage.seq_len=")), None)
+    if seq is None:
+        raise ConfigError(f"{where}: state its length in set.seq_len")
+    same = same_function_len(_model_config(owner), _model_config(run))
+    if same < int(seq):
+        raise ConfigError(f"{where}, but {owner.model} and {run.model} are one function only up to {same:.0f} "
+                          f"tokens, not at seq_len {seq} (anchormass/models/equivalence.py)")
 
 
 def command(run: StageRun) -> list[str]:
@@ -223,23 +268,43 @@ def finished_text(run: StageRun, seconds: float) -> str:
         f"  val {val:.4f}" if val is not None else "") + f"  {seconds:.0f} s"
 
 
-def _run_chain(chain: list[StageRun], console: StageConsole, label) -> int:
-    """One model's stages in order; returns the first non-zero exit code (0 when all ran)."""
-    for run in chain:
-        task = Task(label(run), run.log_path, progress_dir=run.out_dir)
-        if run.is_done():
-            console.post("skipped", task, message="skipped (already done)")
-            continue
-        (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
-        console.post("started", task)
-        echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
-        t0 = time.perf_counter()
-        rc = run_logged(command(run), run.log_path, echo=echo)
-        if rc != 0:
-            console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
-                                                 f"rerun the same command to resume")
-            return rc
-        console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
+def _run_chain(chain: list[StageRun], console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
+    """One model's stages in order; returns the first non-zero exit code (0 when all ran). Each
+    run's event is set once it is over (done, skipped or failed), for chains that share it."""
+    try:
+        for run in chain:
+            rc = _run_one(run, console, label, finished)
+            finished[id(run)].set()
+            if rc:
+                return rc
+        return 0
+    finally:
+        for run in chain:
+            finished[id(run)].set()  # a failed chain never leaves a waiter hanging
+
+
+def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
+    task = Task(label(run), run.log_path, progress_dir=run.out_dir)
+    if run.shared_from is not None:
+        finished[id(run.shared_from)].wait()
+        if not run.shared_from.is_done():
+            console.post("failed", task, message=f"the shared stage did not finish in {run.shared_from.model}'s chain")
+            return 1
+        console.post("skipped", task, message=f"shared: trained once, by {run.shared_from.model}")
+        return 0
+    if run.is_done():
+        console.post("skipped", task, message="skipped (already done)")
+        return 0
+    (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
+    console.post("started", task)
+    echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
+    t0 = time.perf_counter()
+    rc = run_logged(command(run), run.log_path, echo=echo)
+    if rc != 0:
+        console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
+                                             f"rerun the same command to resume")
+        return rc
+    console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
 
 
@@ -260,7 +325,8 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
         return f"{seed}{run.model:<{wm}}  {run.stage:<{ws}}"
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(_run_chain, chain, console, label) for chain in chains.values()]
+        finished = {id(run): threading.Event() for run in runs}
+        futures = [pool.submit(_run_chain, chain, console, label, finished) for chain in chains.values()]
         console.follow(futures)
     failed = [f.result() for f in futures if f.result()]
     if failed:

@@ -183,11 +183,19 @@ ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim", 
                "n_local_heads", "n_global_heads")
 
 
-def check_same_architecture(saved: dict, model_cfg, path) -> None:
+# What `init_across_arch=true` lets differ: Standard <-> AnchorMass with the same tensors (uptraining
+# a Standard checkpoint into AnchorMass, or a curriculum's shared stage, docs/method.md §5).
+ACROSS_ARCH_FIELDS = ("arch", "n_local_heads", "n_global_heads")
+
+
+def check_same_architecture(saved: dict, model_cfg, path, across_arch: bool = False) -> None:
     now = model_cfg.to_dict()
-    diff = [f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in ARCH_FIELDS if saved.get(k) != now[k]]
-    if diff:
-        raise CheckpointError(f"{path} is a different model ({'; '.join(diff)})")
+    differ = [k for k in ARCH_FIELDS if saved.get(k) != now[k] and not (across_arch and k in ACROSS_ARCH_FIELDS)]
+    if differ:
+        detail = "; ".join(f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in differ)
+        hint = ("; init_across_arch=true starts one architecture from the other's weights"
+                if not across_arch and set(differ) <= set(ACROSS_ARCH_FIELDS) else "")
+        raise CheckpointError(f"{path} is a different model ({detail}){hint}")
 
 
 def check_same_tokenizer(saved: dict, meta: dict, path, data_dir: Path) -> None:
@@ -204,7 +212,9 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
     start = cfg.get("ckpt_path") or cfg.get("init_from")
     start_ckpt = read_checkpoint(start) if start else None
     if start_ckpt is not None:
-        check_same_architecture(start_ckpt["hyper_parameters"]["model_config"], model_cfg, start)
+        # a resume continues the same run; only a fresh start may cross architectures
+        across = bool(cfg.get("init_across_arch", False)) and not cfg.get("ckpt_path")
+        check_same_architecture(start_ckpt["hyper_parameters"]["model_config"], model_cfg, start, across)
     # Lengths trained so far (RoPE original_max_len) come from the run we continue or start from.
     trained_lengths = list(start_ckpt["hyper_parameters"].get("trained_lengths", [])) if start_ckpt else []
     tokenizer = data_dir / "tokenizer.model"
