@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from anchormass.cache import new_cache
-from anchormass.models import build_model
+from anchormass.models import build_model, load_model_config
 
 TOL = 1e-4
 MODELS = {}
@@ -16,7 +16,9 @@ MODELS = {}
 def model(name):
     if name not in MODELS:
         torch.manual_seed(0)
-        MODELS[name] = build_model(name).eval()
+        # anchormass_tiny_g1: the ablations' lossless_slots (group_size 1: one slot per token)
+        spec = load_model_config("anchormass_tiny").replace(group_size=1) if name == "anchormass_tiny_g1" else name
+        MODELS[name] = build_model(spec).eval()
     return MODELS[name]
 
 
@@ -35,7 +37,7 @@ def incremental_logits(m, ids, chunk, prompt_len):
 CASES = [(5, 1), (5, 7), (15, 7), (15, 1000), (100, 1), (100, 64), (200, 7), (200, 1000), (333, 64), (333, 1000)]
 
 
-@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny"])
+@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny", "anchormass_tiny_g1"])
 @pytest.mark.parametrize("t, chunk", CASES, ids=[f"T{t}-chunk{c}" for t, c in CASES])
 @torch.no_grad()
 def test_parallel_equals_incremental(name, t, chunk):

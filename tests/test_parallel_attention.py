@@ -45,6 +45,7 @@ def test_block_sdpa_equals_reference_tiny_layout(t, chunk):
 @pytest.mark.parametrize("changes", [
     {}, {"mass_bias": False}, {"outliers": False}, {"background_key": "mean"},
     {"n_local_heads": 0, "n_global_heads": 4}, {"n_local_heads": 3, "n_global_heads": 1}, {"n_sinks": 0},
+    {"group_size": 1},
 ])
 def test_block_sdpa_equals_reference_many_blocks_and_ablations(changes):
     cfg = _small(**changes)
@@ -53,6 +54,18 @@ def test_block_sdpa_equals_reference_many_blocks_and_ablations(changes):
         got = _parallel(cfg, q, k, v, chunk)
         want = reference_anchormass_attention(q, k, v, cfg)
         assert (got - want).abs().max().item() <= 1e-5, chunk
+
+
+def test_group_size_one_makes_global_heads_full_causal_attention():
+    # every slot is one token's own key and value with mass 1 (the ablations' lossless_slots):
+    # the global heads must equal plain causal attention over the whole past
+    cfg = _small(group_size=1)
+    q, k, v = _qkv(2, 4, 203, 32, seed=4)
+    got = _parallel(cfg, q, k, v, chunk=48)
+    g = slice(cfg.n_local_heads, None)
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, g], k[:, g], v[:, g], is_causal=True)
+    assert (got[:, g] - want).abs().max().item() <= 1e-5
+    assert (_parallel(_small(), q, k, v)[:, g] - want).abs().max().item() > 1e-3  # G = 4 compresses
 
 
 def test_ablations_change_the_output():

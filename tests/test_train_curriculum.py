@@ -76,9 +76,12 @@ def test_ablations_pair_each_variant_with_the_full_model_on_identical_data(tmp_p
     runs = plan(cfg, tmp_path, [])
     jobs = report_jobs(cfg, runs, tmp_path / "ablations")
     variants = [s.name for s in cfg.models][1:]
-    assert [j.name for j in jobs] == variants and all(j.a.model == "anchormass_full" for j in jobs)
-    assert [j.b.model for j in jobs] == variants and all(j.a.stage == j.b.stage == "longctx_8k" for j in jobs)
-    by = {(r.model, r.stage): r for r in runs}
+    assert list(cfg.seeds) == [0, 1, 2] and [(j.name, j.seed) for j in jobs] == [(v, s) for v in variants
+                                                                                for s in cfg.seeds]
+    assert all(j.a.model == "anchormass_full" and j.a.seed == j.b.seed for j in jobs)
+    assert [j.b.model for j in jobs] == [v for v in variants for _ in cfg.seeds]
+    assert all(j.a.stage == j.b.stage == "longctx_8k" for j in jobs)
+    by = {(r.model, r.stage): r for r in runs if r.seed == 0}
     own_dir = lambda args: {a for a in args if not a.startswith("hydra.run.dir=")}  # noqa: E731
     full = own_dir(by[("anchormass_full", "longctx_8k")].args)
     for spec in cfg.models[1:]:
