@@ -1,4 +1,4 @@
-"""Up to which sequence length two model configs compute the same function (docs/method.md §2.2).
+"""Up to which sequence length two model configs compute the same function (docs/method.md §2.2, §5).
 
 AnchorMass departs from full causal attention in two places only: a local head's window drops
 keys older than W tokens, and a global head reads a compressed slot once a whole block lies
@@ -6,7 +6,7 @@ before the query's own block. On a sequence of at most min(W, S + C) tokens neit
 (every local window reaches position 0; every global key is a sink or a raw token of the
 query's own block, mass 1, so +log(mass) = 0), and AnchorMass with any head split, group size or
 ablation is the Standard model. A curriculum uses this to train a short first stage once for
-all its models (`shared: true`, anchormass/training/curriculum.py); tests/test_equivalence.py
+all its models (`shared: true`, anchormass/training/curriculum.py); tests/test_same_function.py
 measures it.
 """
 
