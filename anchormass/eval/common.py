@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 from typing import Iterable
 
 import torch
@@ -45,6 +46,27 @@ def target_logprobs(model, ids: torch.Tensor, start: int) -> torch.Tensor:
     else:
         logits = model(ids)[:, start:-1]  # [B, n, V]
     return gather_logprobs(logits, ids[:, start + 1:])
+
+
+def padded_logits(model, ids: torch.Tensor, lengths: list[int], rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Logits [n, V] at positions (rows[i], cols[i]) of the right-padded batch ids [B, T] whose
+    row b holds lengths[b] real tokens; only those positions go through the LM head.
+
+    Our models get `lengths`, so each row is scored as it would be alone (its own RoPE base,
+    docs/method.md §1) whatever else shares the batch. A model whose forward takes no `lengths`
+    (a test double) gets the padded batch as it is."""
+    if hasattr(model, "forward_hidden") and hasattr(model, "lm_head"):
+        extra = {"lengths": lengths} if _takes_lengths(model.forward_hidden) else {}
+        return model.lm_head(model.forward_hidden(ids, **extra)[rows, cols])
+    extra = {"lengths": lengths} if _takes_lengths(model.forward) else {}
+    return model(ids, **extra)[rows, cols]
+
+
+def _takes_lengths(fn) -> bool:
+    try:
+        return "lengths" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from anchormass.eval import tables
-from anchormass.eval.common import fmt_p, gather_logprobs, progress
+from anchormass.eval.common import fmt_p, gather_logprobs, padded_logits, progress
 from anchormass.eval.jcqa_data import build_prompt, continuations, load_split, resolve_template, shots_per_question
 from anchormass.eval.stats import mcnemar_exact
 from anchormass.eval.suite import EvalContext, Suite
@@ -24,10 +24,12 @@ from anchormass.eval.suite import EvalContext, Suite
 def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device) -> list[float]:
     """Summed log p(continuation | context) for each (context ids, continuation ids) pair.
 
-    One right-padded batch through the parallel forward (causal: padding after a sequence cannot
-    change its scores); only continuation positions go through the LM head."""
-    T = max(len(c) + len(x) for c, x in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long, device=device)
+    One right-padded batch through the parallel forward, told each sequence's length: attention
+    is causal and each sequence gets the RoPE base it would get alone, so a score does not depend
+    on which other sequences share the batch or how long they are. Only continuation positions
+    go through the LM head."""
+    lengths = [len(c) + len(x) for c, x in seqs]
+    ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long, device=device)
     rows, cols, tgts = [], [], []
     for i, (c, x) in enumerate(seqs):
         ids[i, :len(c) + len(x)] = torch.tensor(c + x, dtype=torch.long)
@@ -36,10 +38,7 @@ def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, 
             cols.append(len(c) - 1 + j)
             tgts.append(x[j])
     rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-    if hasattr(model, "forward_hidden") and hasattr(model, "lm_head"):
-        logits = model.lm_head(model.forward_hidden(ids)[rows_t, cols_t])  # [n, V]
-    else:
-        logits = model(ids)[rows_t, cols_t]
+    logits = padded_logits(model, ids, lengths, rows_t, cols_t)  # [n, V]
     lp = gather_logprobs(logits, torch.tensor(tgts, device=device))  # [n]
     return torch.zeros(len(seqs), device=device, dtype=lp.dtype).index_add_(0, rows_t, lp).tolist()
 

@@ -10,8 +10,11 @@ Generation: `generate()` opens one of our session caches behind the `Cache` inte
 (cache_adapter.py). The stage-2 slot policy and budget come, first found wins, from
 `generate(..., slot_policy=, slot_budget=)`, the generation config's `slot_policy` /
 `slot_budget`, or the model config (default: the checkpoint's own). Positions are per session
-(the RoPE base is fixed from the prompt length, docs/method.md §1), so every sequence in a
-batch must be unpadded: an attention mask with zeros is refused.
+(the RoPE base is fixed from the prompt length, docs/method.md §1), so generation and any
+forward through a cache take unpadded, equal-length prompts: an attention mask with zeros is
+refused there. A cache-free forward (scoring, as lm-evaluation-harness does) accepts a
+right-padded batch: the mask's row sums are the sequence lengths, each sequence gets its own
+RoPE base, and its real positions score as they would alone.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ class AnchorMassForCausalLM(PreTrainedModel, GenerationMixin):
         Without a cache: our parallel forward over the whole sequence. With one (or
         `use_cache=True`): the tokens are appended to the session; a fresh session is prefilled
         like `anchormass.inference.generate.prefill` (RoPE base from this prompt's length).
-        `position_ids` are ignored: positions follow the session (unpadded sequences).
+        `position_ids` are ignored: positions follow the session (unpadded sequences), or, without
+        a cache, each row of a right-padded `attention_mask` (its row sum is the sequence's length).
         """
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("AnchorMass models take input_ids (inputs_embeds is not supported)")
@@ -114,15 +118,18 @@ class AnchorMassForCausalLM(PreTrainedModel, GenerationMixin):
             raise TypeError(f"cache must be an AnchorMassHFCache, got {type(cache).__name__}")
         decoding = cache is not None and cache.session is not None and input_ids.shape[1] == 1
         # Decode steps only append ones to the mask: checking the prompt's is enough (no sync per token).
+        lengths = None
         if attention_mask is not None and not decoding and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            raise ValueError("padded batches are not supported: positions are per session, so pass "
-                             "equal-length prompts (or one prompt per call)")
+            if cache is not None or use_cache is True:
+                raise ValueError("padded batches are not supported with a cache (generate): positions are per "
+                                 "session, so pass equal-length prompts (or one prompt per call)")
+            lengths = _right_padded_lengths(attention_mask)
         if cache is None and use_cache is True:
             cache = AnchorMassHFCache(self.model.cfg.n_layers, slot_policy, slot_budget)
 
         keep = logits_to_keep
         if cache is None:
-            hidden = self.model.forward_hidden(input_ids)
+            hidden = self.model.forward_hidden(input_ids, lengths=lengths)
             logits = self.model.lm_head(_keep(hidden, keep))
         elif cache.session is None and keep == 1:
             # The prompt of a generate() call: exactly our engine's prefill (last position only).
@@ -148,6 +155,17 @@ class AnchorMassForCausalLM(PreTrainedModel, GenerationMixin):
                  for s in range(0, input_ids.shape[1], cfg.prefill_chunk)]
         session.end_prefill()
         return torch.cat(parts, dim=1)
+
+
+def _right_padded_lengths(attention_mask: torch.Tensor) -> list[int]:
+    """Row sums of a right-padded mask (each row ones, then zeros); any other mask is refused."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(dim=1)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    if not torch.equal(mask, positions[None, :] < lengths[:, None]) or int(lengths.min()) < 1:
+        raise ValueError("only right-padded batches are supported without a cache (each attention_mask row "
+                         "ones, then zeros; tokenizer.padding_side='right')")
+    return lengths.tolist()
 
 
 def _keep(hidden: torch.Tensor, keep: int | torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
-        """x [B, T, d_model]; cos/sin [T, D] for this chunk's absolute positions."""
+        """x [B, T, d_model]; cos/sin [T, D] for this chunk's absolute positions, or [B, 1, T, D] when
+        the sequences of a padded batch have their own RoPE bases (docs/method.md §1)."""
         b, t, _ = x.shape
         q = apply_rope(self._heads(self.q_proj(x)), cos, sin)
         k = apply_rope(self._heads(self.k_proj(x)), cos, sin)

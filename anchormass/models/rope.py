@@ -38,8 +38,29 @@ def rope_cos_sin(positions: torch.Tensor, base: float, head_dim: int,
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def sequence_cos_sin(lengths: list[int], t: int, theta: float, original_max_len: int, head_dim: int,
+                     device: torch.device | str, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for positions 0 .. t-1 of a right-padded batch whose sequence b has `lengths[b]` real tokens.
+
+    Each sequence gets the base it would get alone, the one a session fixes for a prompt of that
+    length (docs/method.md §1), so padding never changes a real token's rotation. One base for the
+    whole batch (the common case: equal lengths, or all within the trained length) gives [t, D],
+    exactly the unpadded path; otherwise [B, 1, t, D], built from one [t, D] table per distinct base
+    (the same numbers a single sequence gets, bit for bit).
+    """
+    bases = [ntk_base(theta, n, original_max_len, head_dim) for n in lengths]
+    positions = positions_for(0, t, device)
+    if len(set(bases)) == 1:
+        return rope_cos_sin(positions, bases[0], head_dim, device, dtype)
+    tables = {b: rope_cos_sin(positions, b, head_dim, device, dtype) for b in dict.fromkeys(bases)}
+    cos = torch.stack([tables[b][0] for b in bases])[:, None]  # [B, 1, t, D]
+    sin = torch.stack([tables[b][1] for b in bases])[:, None]
+    return cos, sin
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, T, D] by cos/sin [T, D]; the math runs in fp32, the result keeps x's dtype."""
+    """Rotate x [B, H, T, D] by cos/sin [T, D] (one base for the batch) or [B, 1, T, D] (one per
+    sequence); the math runs in fp32, the result keeps x's dtype."""
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)  # [B, H, T, D]

@@ -22,7 +22,7 @@ from anchormass.models.attention_anchormass import AnchorMassAttention
 from anchormass.models.attention_standard import StandardAttention
 from anchormass.models.config import ModelConfig
 from anchormass.models.layers import RMSNorm, SwiGLU
-from anchormass.models.rope import ntk_base, positions_for, rope_cos_sin
+from anchormass.models.rope import ntk_base, positions_for, rope_cos_sin, sequence_cos_sin
 
 ATTENTION = {"standard": StandardAttention, "anchormass": AnchorMassAttention}
 
@@ -61,14 +61,19 @@ class LanguageModel(nn.Module):
                 nn.init.normal_(p, 0.0, std)
 
     # ---------------------------------------------------------------- forward
-    def rope(self, t: int, device: torch.device, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [T, D] for this forward's positions, shared by every layer.
+    def rope(self, t: int, device: torch.device, cache=None,
+             lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, D] (or [B, 1, T, D], one base per sequence) for this forward's positions,
+        shared by every layer.
 
-        Parallel path: base from the sequence length. With a cache: the session base, fixed on
-        the first forward (from that chunk's length unless the caller set it from the prompt).
+        Parallel path: base from each sequence's own length (`lengths`, default T for all), so a
+        right-padded sequence is rotated as it would be alone. With a cache: the session base, fixed
+        on the first forward (from that chunk's length unless the caller set it from the prompt).
         """
         cfg = self.cfg
         if cache is None:
+            if lengths is not None:
+                return sequence_cos_sin(lengths, t, cfg.rope_theta, cfg.original_max_len, cfg.head_dim, device)
             start, base = 0, ntk_base(cfg.rope_theta, t, cfg.original_max_len, cfg.head_dim)
         else:
             if cache.rope_base is None:
@@ -76,8 +81,15 @@ class LanguageModel(nn.Module):
             start, base = cache.seen_tokens, cache.rope_base
         return rope_cos_sin(positions_for(start, t, device), base, cfg.head_dim, device)
 
-    def forward_hidden(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, d_model] (training takes a chunked loss from these)."""
+    def forward_hidden(self, input_ids: torch.Tensor, cache=None, lengths=None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, d_model] (training takes a chunked loss from these).
+
+        `lengths` ([B] ints, parallel path only): sequence b holds lengths[b] real tokens followed by
+        right padding. Attention is causal in both models (a real token never sees a later pad, and
+        AnchorMass compresses a block only for queries after it), so the one thing padding could
+        change is the dynamic-NTK base; with `lengths` each sequence gets its own (docs/method.md §1)
+        and its real positions equal a forward of that sequence alone.
+        """
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32):
             raise DataError(f"input_ids must be an integer tensor [batch, seq], got {tuple(input_ids.shape)} "
                             f"{input_ids.dtype}")
@@ -89,8 +101,9 @@ class LanguageModel(nn.Module):
                 raise DataError(f"token id {hi if hi >= self.cfg.vocab_size else lo} is outside the "
                                 f"vocabulary [0, {self.cfg.vocab_size})")
         t = input_ids.shape[1]
+        lengths = self._check_lengths(lengths, input_ids.shape, cache)
         x = self.embed(input_ids)  # [B, T, d]
-        cos, sin = self.rope(t, input_ids.device, cache)
+        cos, sin = self.rope(t, input_ids.device, cache, lengths)
         recompute = self.cfg.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for block in self.blocks:
             if recompute:  # keep only each block's input; rebuild its activations in backward
@@ -101,6 +114,22 @@ class LanguageModel(nn.Module):
             cache.advance(t)
         return self.norm(x)
 
-    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """LongTensor [B, T] -> logits [B, T, vocab]. With `cache`, the chunk is appended to it."""
-        return self.lm_head(self.forward_hidden(input_ids, cache))
+    @staticmethod
+    def _check_lengths(lengths, shape, cache) -> list[int] | None:
+        """`lengths` as a list of B ints in [1, T], or None (every sequence fills T)."""
+        if lengths is None:
+            return None
+        if cache is not None:
+            raise DataError("per-sequence lengths apply to the cache-free forward only: a cache session has one "
+                            "length for all its sequences (pass equal-length, unpadded prompts)")
+        values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+        b, t = shape
+        if len(values) != b or any(isinstance(n, bool) or int(n) != n or not 1 <= n <= t for n in values):
+            raise DataError(f"lengths must be {b} integers in [1, {t}] (real tokens per sequence, right "
+                            f"padding after them), got {values}")
+        return [int(n) for n in values]
+
+    def forward(self, input_ids: torch.Tensor, cache=None, lengths=None) -> torch.Tensor:
+        """LongTensor [B, T] -> logits [B, T, vocab]. With `cache`, the chunk is appended to it.
+        `lengths`: see `forward_hidden` (right-padded batches on the parallel path)."""
+        return self.lm_head(self.forward_hidden(input_ids, cache, lengths))
