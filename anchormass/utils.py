@@ -112,6 +112,29 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".sh", ".json", ".txt")
 
 
+# What the project's own commands write into a checkout: results, not code. An untracked file
+# there (an export's config.json, a run's .hydra/config.yaml, a dataset's meta.json) must not
+# mark every later result "-dirty", whether or not the folder is in .gitignore.
+OUTPUT_FOLDERS = ("exports", "runs", "multirun", "outputs", "data", "wandb", "lightning_logs")
+# A folder holding one of these files was written by train.py / evaluate.py / export_hf.py /
+# prepare_data.py wherever it was pointed (hydra.run.dir=..., out=..., data.out_dir=...).
+OUTPUT_MARKERS = (".hydra", "train_result.json", "results.json", "anchormass_export.json", "meta.json",
+                  ".run.lock")
+
+
+def is_project_output(root: str | os.PathLike, relpath: str) -> bool:
+    """Whether the untracked file `relpath` (relative to `root`) lies in a project output folder."""
+    parts = Path(relpath).parts
+    if len(parts) > 1 and parts[0] in OUTPUT_FOLDERS:
+        return True
+    folder = Path(root)
+    for part in parts[:-1]:
+        folder = folder / part
+        if any((folder / marker).exists() for marker in OUTPUT_MARKERS):
+            return True
+    return False
+
+
 def git_state(root: str | os.PathLike = REPO_ROOT) -> dict | None:
     """{'commit', 'dirty', 'modified', 'untracked_source'} of the checkout at `root`, or None
     outside git: dirty when a tracked file changed or an untracked (not ignored) source file
@@ -126,7 +149,8 @@ def git_state(root: str | os.PathLike = REPO_ROOT) -> dict | None:
     if not sha:
         return None
     modified = [line[3:] for line in status if not line.startswith("??")]
-    untracked = [line[3:] for line in status if line.startswith("??") and line.rstrip().endswith(SOURCE_SUFFIXES)]
+    untracked = [line[3:] for line in status if line.startswith("??") and line.rstrip().endswith(SOURCE_SUFFIXES)
+                 and not is_project_output(root, line[3:].strip().strip('"'))]
     return {"commit": sha, "dirty": bool(modified or untracked), "modified": len(modified),
             "untracked_source": untracked}
 
