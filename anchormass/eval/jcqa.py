@@ -24,15 +24,18 @@ from anchormass.eval.suite import EvalContext, Suite
 def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device) -> list[float]:
     """Summed log p(continuation | context) for each (context ids, continuation ids) pair.
 
-    One right-padded batch through the parallel forward, told each sequence's length: attention
-    is causal and each sequence gets the RoPE base it would get alone, so a score does not depend
-    on which other sequences share the batch or how long they are. Only continuation positions
-    go through the LM head."""
-    lengths = [len(c) + len(x) for c, x in seqs]
+    The model reads context + continuation minus its last token (which predicts nothing scored),
+    as lm-evaluation-harness feeds a request; that input's length sets the dynamic-NTK base past
+    the trained length (docs/method.md §1). One right-padded batch through the parallel forward,
+    told each input's length: attention is causal and each input gets the RoPE base it would get
+    alone, so a score does not depend on which other sequences share the batch or how long they
+    are. Only continuation positions go through the LM head."""
+    inputs = [c + x[:-1] if x else c for c, x in seqs]
+    lengths = [len(s) for s in inputs]
     ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long, device=device)
     rows, cols, tgts = [], [], []
     for i, (c, x) in enumerate(seqs):
-        ids[i, :len(c) + len(x)] = torch.tensor(c + x, dtype=torch.long)
+        ids[i, :lengths[i]] = torch.tensor(inputs[i], dtype=torch.long)
         for j in range(len(x)):  # position len(c)-1+j predicts x[j]
             rows.append(i)
             cols.append(len(c) - 1 + j)
