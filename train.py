@@ -56,6 +56,7 @@ def claim_run_dir(argv: list[str]) -> None:
     Sweeps and launcher runs claim each job's folder inside the job; Hydra flags (--cfg, --help)
     run nothing and claim nothing."""
     from anchormass.training.run_dir import claim, is_launching_process
+    from anchormass.training.slurm_requeue import requeue_resume
 
     if any(a.startswith("-") for a in argv) or not is_launching_process():
         return
@@ -63,6 +64,7 @@ def claim_run_dir(argv: list[str]) -> None:
         with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "configs"), version_base="1.3"):
             cfg = compose("train", overrides=argv, return_hydra_config=True)
         run_dir, resume, overwrite = cfg.hydra.run.dir, cfg.get("ckpt_path"), cfg.get("overwrite")
+        resume = resume or requeue_resume(run_dir)  # a requeued Slurm job continues its run (training/slurm_requeue.py)
     except Exception:  # bad overrides: Hydra reports them in its own words when it runs below
         return
     claim(run_dir, resume=bool(resume), overwrite=bool(overwrite))

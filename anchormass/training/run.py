@@ -31,6 +31,7 @@ from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
+from anchormass.training.slurm_requeue import requeue_resume
 
 RESULT_FILE = "train_result.json"
 
@@ -240,7 +241,8 @@ INT_SETTINGS = dict.fromkeys(("seed", "torch_threads", "stage.seq_len", "stage.t
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
     check_numbers(cfg, INT_SETTINGS, message="must be a whole number")
-    resume = cfg.get("ckpt_path")
+    # A job Slurm runs again after a requeue reruns its command: it continues its run folder (training/slurm_requeue.py).
+    resume = cfg.get("ckpt_path") or requeue_resume(cfg.output_dir)
     if resume == "last":  # this run's own last.ckpt (resolved here so its hparams are read too)
         resume = str(Path(cfg.output_dir) / "checkpoints" / "last.ckpt")
         cfg.ckpt_path = resume
