@@ -1,22 +1,28 @@
-"""Small helpers every part of the package shares; this module imports nothing from `anchormass`.
+"""Small helpers every part of the package shares; this module imports only `anchormass.errors`.
 
 - where the checkout is (`REPO_ROOT`, `CONFIG_ROOT`),
 - atomic file writes: a reader never sees a half-written token file, checkpoint, report or sidecar
-  (temp file in the destination folder, fsync, then `os.replace`, which is atomic on one filesystem),
+  (temp file in the destination folder, fsync, then `os.replace`, which is atomic on one filesystem);
+  a full disk (ENOSPC) is one line naming the path and the space needed, the temp file removed and
+  the previous file untouched (`disk_full_as`),
 - checksums and the code's provenance (git commit with a dirty flag).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from anchormass.errors import AnchorMassError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_ROOT = REPO_ROOT / "configs"
@@ -35,6 +41,49 @@ def current_umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~current_umask()  # mkstemp makes 0600 files; finished outputs get the usual mode
+
+
+def format_bytes(n: int) -> str:
+    """`12,582,912 bytes (12.6 MB)`: the exact count and a readable size (decimal units)."""
+    unit, scale = next(((u, s) for u, s in (("TB", 1e12), ("GB", 1e9)) if n >= s), ("MB", 1e6))
+    return f"{n:,} bytes ({n / scale:.1f} {unit})"
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free space on the filesystem holding `path` (its nearest existing parent), None if unknown."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def disk_full_message(path: str | os.PathLike, needed: int | None, at_least: bool = False) -> str:
+    """One line for ENOSPC: which path, how much it needed, how much is free, and what to do."""
+    need = "unknown space" if needed is None else ("at least " if at_least else "about ") + format_bytes(needed)
+    free = free_bytes(path)
+    free_text = "" if free is None else f", {format_bytes(free)} free"
+    return (f"no space left on device writing {path} ({need} needed{free_text}); nothing was "
+            f"replaced and no temp file is left: free some space (or write elsewhere) and re-run")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_full_as(error: type[AnchorMassError], path: str | os.PathLike,
+                 needed: int | Callable[[], int | None] | None = None, at_least: bool = False) -> Iterator[None]:
+    """ENOSPC (or a quota) inside the block becomes `error(disk_full_message(...))`, one line;
+    `needed` may be a callable, evaluated only when the disk is full. The caller cleans up."""
+    try:
+        yield
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        raise error(disk_full_message(path, needed() if callable(needed) else needed, at_least)) from None
 
 
 class AtomicFile:
@@ -56,20 +105,34 @@ class AtomicFile:
     def discard(self) -> None:
         self.tmp.unlink(missing_ok=True)
 
+    def written(self) -> int:
+        """Bytes in the temp file so far (0 once it is committed or discarded)."""
+        try:
+            return self.tmp.stat().st_size
+        except OSError:
+            return 0
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success it becomes `path`, on error it is deleted."""
-    f = AtomicFile(path)
+def atomic_path(path: str | os.PathLike, *, error: type[AnchorMassError] = AnchorMassError,
+                needed: int | Callable[[], int | None] | None = None) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success it becomes `path`, on error it is deleted.
+
+    A full disk is `error` with one line (`disk_full_message`); without `needed` it reports what
+    the temp file held when the write failed, as a lower bound."""
+    with disk_full_as(error, path, needed):
+        f = AtomicFile(path)
+    at_least = needed is None
     try:
-        yield f.tmp
-        f.commit()
+        with disk_full_as(error, path, needed if needed is not None else f.written, at_least):
+            yield f.tmp
+            f.commit()
     finally:
         f.discard()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, needed=len(data)) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 

@@ -9,6 +9,8 @@
 
 `fingerprint` hashes what defines the data (vocab, tokenizer checksum, names, token counts and
 content hashes of the split's files, all from sidecars) for checkpoints and resume checks.
+`verify_dataset` re-hashes every split's files against those sidecar hashes: the full check a
+training run makes when it starts (opening a file only checks its size).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from anchormass.utils import resolve_path
-from anchormass.data.token_file import open_tokens, read_sidecar
+from anchormass.data.token_file import open_tokens, read_sidecar, verify_token_file
 from anchormass.data.tokenizer import Tokenizer
 from anchormass.errors import DataError
 
@@ -55,6 +57,17 @@ def fingerprint(data_dir: str | Path, split: str = "train") -> str:
         side = read_sidecar(root / name)
         parts["files"][name] = {"tokens": side["tokens"], "sha256": side.get("sha256")}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def verify_dataset(data_dir: str | Path) -> None:
+    """Full content check of a prepared folder: each split's files against their sidecars' sha256
+    (DataError naming the file and telling to re-run prepare_data)."""
+    root = resolve_path(data_dir)
+    meta = read_metadata(root)
+    for split in meta.get("splits", {}):
+        for name in split_files(meta["kind"], split):
+            if (root / name).is_file():  # a missing file is open_tokens' error, with its own message
+                verify_token_file(root / name)
 
 
 class PreparedDataset:

@@ -3,10 +3,20 @@
 A checkpoint is a Lightning `.ckpt` (docs/architecture.md): `hyper_parameters` holds
 `model_config` (ModelConfig.to_dict(), `original_max_len` = longest length trained so far),
 `trained_lengths`, `tokenizer_path` and `data_fingerprint`; `state_dict` keys are `model.<param>`.
+
+Integrity: every checkpoint written through `atomic_torch_save` (so every Lightning save, via
+AtomicCheckpointIO) carries `content_sha256`, a sha256 over the state_dict and optimizer-state
+tensors' bytes (with their names, dtypes and shapes) in key order. `read_checkpoint`, which resume,
+`init_from`, evaluation and export all go through, recomputes it and refuses a mismatch in one line.
+A checkpoint without the field (written before it existed, or by FSDP's own writer) is accepted
+with a one-line warning: refusing would strand every existing run, and its bytes are no less
+trustworthy than they were when it was written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -18,12 +28,75 @@ from anchormass.errors import CheckpointError
 from anchormass.utils import REPO_ROOT, atomic_path
 
 STATE_PREFIX = "model."
+CHECKSUM_KEY = "content_sha256"
+CHECKSUMMED = ("state_dict", "optimizer_states")  # the tensors that are nearly all of a checkpoint's bytes
+
+log = logging.getLogger(__name__)
+_warned_unchecked: set[str] = set()
+
+
+def _hash_tree(h: "hashlib._Hash", name: str, obj: Any) -> None:
+    """Feed tensors (name, dtype, shape, raw bytes) and plain scalars into `h`, dict keys sorted."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # bf16 too: bytes, not values
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            _hash_tree(h, f"{name}.{key}", obj[key])
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            _hash_tree(h, f"{name}[{i}]", item)
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"{name}={obj!r}\n".encode())
+
+
+def content_checksum(ckpt: dict) -> str:
+    """sha256 over the checkpoint's state_dict and optimizer state (see the module docstring)."""
+    h = hashlib.sha256()
+    for key in CHECKSUMMED:
+        if key in ckpt:
+            _hash_tree(h, key, ckpt[key])
+    return h.hexdigest()
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of all tensors in a nested dict/list: about the size torch.save will write."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save through a temp file + os.replace: a reader (or a crash) never sees half a file."""
-    with atomic_path(path) as tmp:
+    """torch.save through a temp file + os.replace: a reader (or a crash) never sees half a file.
+
+    A checkpoint dict (one with a state_dict) gets its `content_sha256` here, so every save carries
+    it; a full disk is one CheckpointError line naming the path and the space needed."""
+    if isinstance(obj, dict) and "state_dict" in obj:
+        obj = {**obj, CHECKSUM_KEY: content_checksum(obj)}
+    with atomic_path(path, error=CheckpointError, needed=lambda: tensor_bytes(obj)) as tmp:
         torch.save(obj, tmp)
+
+
+def verify_checksum(ckpt: dict, path: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose tensors are not the bytes that were saved; warn (once per file)
+    about one that predates the checksum."""
+    want = ckpt.get(CHECKSUM_KEY)
+    if want is None:
+        if str(path) not in _warned_unchecked:
+            _warned_unchecked.add(str(path))
+            log.warning("checkpoint %s has no content checksum (written before checksums existed); "
+                        "loading it unverified", path)
+        return
+    got = content_checksum(ckpt)
+    if got != want:
+        raise CheckpointError(f"checkpoint {path} is corrupt: content checksum mismatch (sha256 of its tensors "
+                              f"{got[:12]}, saved as {want[:12]}); use another checkpoint (e.g. an earlier "
+                              f"step-*.ckpt) or retrain")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -36,7 +109,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """The raw checkpoint dict; CheckpointError with one line when missing or unreadable."""
+    """The raw checkpoint dict; CheckpointError with one line when missing, unreadable or corrupt
+    (content checksum mismatch). Resume reads it here before Lightning loads the file itself."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -49,6 +123,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         raise CheckpointError(f"{path} is not an AnchorMass training checkpoint (no state_dict/hyper_parameters)")
     if "model_config" not in ckpt["hyper_parameters"]:
         raise CheckpointError(f"{path}: hyper_parameters lack 'model_config'")
+    verify_checksum(ckpt, path)
     return ckpt
 
 
