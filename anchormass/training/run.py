@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
-from anchormass.data.dataset_dir import fingerprint, read_metadata
+from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
 from anchormass.config_checks import check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
@@ -252,6 +252,7 @@ def train(cfg: DictConfig) -> dict:
         raise CheckpointError(f"init_from checkpoint not found: {cfg.init_from}")
     data_dir = Path(cfg.data_dir)
     meta = data_metadata(data_dir)
+    verify_dataset(data_dir)  # every split file against its sidecar's sha256 (~2 s per GB, data/README.md)
     out = check_output_dir(cfg.output_dir)
     claim(out, resume=bool(resume), overwrite=bool(cfg.get("overwrite", False)))
     try:
