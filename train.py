@@ -18,6 +18,8 @@ from omegaconf import DictConfig
 from anchormass.cli import check_group_choices, exit_on_error
 from anchormass.logging_setup import apply_verbosity
 from anchormass.training.callbacks import TrainingDiverged
+from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
+from anchormass.training.run_dir import is_launching_process
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -35,6 +37,8 @@ def main(cfg: DictConfig) -> float | None:
             # NaN tells the sweeper this trial failed, and the next one runs.
             return float("nan")
         sys.exit(3)
+    except TrainingInterrupted as stop:  # SIGTERM/SIGUSR1: saved at a step boundary (training/preemption.py)
+        exit_interrupted(stop, show=is_launching_process())  # one line, not one per DDP rank
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
     return result["metrics"].get("val/loss")
 

@@ -26,6 +26,7 @@ from anchormass.eval.aggregate import write_aggregate
 from anchormass.training.curriculum import (
     StageRun,
     check_curriculum,
+    curriculum_lock,
     datasets,
     evaluate_pairs,
     execute,
@@ -34,7 +35,8 @@ from anchormass.training.curriculum import (
     seeds,
     stage_overrides,
 )
-from anchormass.training.logged_process import run_logged
+from anchormass.training.logged_process import run_logged, stop_requested
+from anchormass.training.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals, signal_name
 from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, resolve_path
 
@@ -43,6 +45,8 @@ def run_step(console: StageConsole, label: str, cmd: list[str], log: Path, finis
     task = Task(label, log)
     t0 = time.perf_counter()
     rc = run_logged(cmd, log, echo=(lambda line: console.print(f"[{label}] {line}")) if console.verbose >= 2 else None)
+    if rc != 0 and stop_requested():  # it got the stop signal too: not a failure of its own
+        raise TrainingInterrupted(f"{signal_name(stop_requested())} during {label}; rerun the same command to resume")
     if rc != 0:
         console.failure(task, f"exit {rc}")
         raise SystemExit(rc)
@@ -115,6 +119,16 @@ def main(cfg: DictConfig) -> None:
     if cfg.evaluate:
         evaluate_pairs(cur)  # refuse a comparison that cannot run now, not after the training
     root = resolve_path(cfg.runs_root) / str(cur.name)
+    # Before anything is written: a second launch of this curriculum is refused here, not after it has
+    # rerun or rewritten the first one's stages. Stop signals go to the running stages, which save.
+    with curriculum_lock(root), forward_stop_signals():
+        try:
+            run(cfg, cur, root, console, t0)
+        except TrainingInterrupted as stop:
+            exit_interrupted(stop)
+
+
+def run(cfg: DictConfig, cur: DictConfig, root: Path, console: StageConsole, t0: float) -> None:
     overrides = HydraConfig.get().overrides
     runs = plan(cur, root.parent, stage_overrides(list(overrides.task), list(overrides.hydra)))
     prepare_data(cur, root / "logs", console)

@@ -24,22 +24,27 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
-from anchormass.training.logged_process import run_logged
+from anchormass.training.logged_process import run_logged, stop_requested
+from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
-from anchormass.training.stage_console import StageConsole, Task
+from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import CONFIG_ROOT, REPO_ROOT
 
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
 LOG_FILE = "train.log"
+LOCK_FILE_NAME = ".curriculum.lock"  # in runs/<curriculum>/, held while a runner works there
 # Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
 # file, and its progress to a small file the runner shows as a live line.
 STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
@@ -74,8 +79,22 @@ class StageRun:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def is_done(self) -> bool:
-        res = self.result()
-        return bool(res) and res.get("global_step") == res.get("total_steps") and self.last_ckpt.is_file()
+        """Its train_result.json says it completed its total steps (a run stopped on a signal
+        writes completed: false), and its last checkpoint is there for the next stage."""
+        res = self.result() or {}
+        return (res.get("completed") is True and res.get("global_step") == res.get("total_steps")
+                and self.last_ckpt.is_file())
+
+
+@contextmanager
+def curriculum_lock(root: Path) -> Iterator[None]:
+    """`runs/<curriculum>/` belongs to one runner at a time (anchormass/dir_lock.py): a second
+    launch of the same curriculum would skip, rerun or resume the first one's stages under it."""
+    with DirLock(root / LOCK_FILE_NAME, what=f"curriculum folder {shown(root)}") as lock:
+        if lock.previous:
+            print(f"note: {shown(root)} was left locked by a curriculum that did not finish "
+                  f"({lock.describe_previous()}); taking it over", file=sys.stderr)
+        yield
 
 
 def check_curriculum(cfg: DictConfig) -> DictConfig:
@@ -270,9 +289,12 @@ def finished_text(run: StageRun, seconds: float) -> str:
 
 def _run_chain(chain: list[StageRun], console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
     """One model's stages in order; returns the first non-zero exit code (0 when all ran). Each
-    run's event is set once it is over (done, skipped or failed), for chains that share it."""
+    run's event is set once it is over (done, skipped or failed), for chains that share it. A
+    stage starts only once the one before it is done; after a stop signal none starts."""
     try:
         for run in chain:
+            if stop_requested():
+                return EXIT_INTERRUPTED
             rc = _run_one(run, console, label, finished)
             finished[id(run)].set()
             if rc:
@@ -287,6 +309,8 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
     task = Task(label(run), run.log_path, progress_dir=run.out_dir)
     if run.shared_from is not None:
         finished[id(run.shared_from)].wait()
+        if not run.shared_from.is_done() and stop_requested():
+            return EXIT_INTERRUPTED
         if not run.shared_from.is_done():
             console.post("failed", task, message=f"the shared stage did not finish in {run.shared_from.model}'s chain")
             return 1
@@ -300,12 +324,28 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
     t0 = time.perf_counter()
     rc = run_logged(command(run), run.log_path, echo=echo)
+    if rc == EXIT_INTERRUPTED or (rc != 0 and stop_requested()):  # killed while starting: nothing new to save
+        console.post("interrupted", task, message=interrupted_text(run, rc))
+        return EXIT_INTERRUPTED
     if rc != 0:
         console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
                                              f"rerun the same command to resume")
         return rc
+    if not run.is_done():  # exit 0 without its total steps: its next stage must not start from it
+        console.post("failed", task, message=f"exit 0, but {shown(run.out_dir / RESULT_FILE)} does not record "
+                                             f"its total steps as completed; rerun the same command to resume")
+        return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
+
+
+def interrupted_text(run: StageRun, rc: int) -> str:
+    """`interrupted at step 57/100 (SIGTERM), saved; ...` from the result the stage wrote when it stopped."""
+    res = run.result() or {}
+    where = (f"at step {res.get('global_step')}/{res.get('total_steps')}, saved" if rc == EXIT_INTERRUPTED
+             else f"while starting (exit {rc}), nothing new to save")
+    why = signal_name(stop_requested()) if stop_requested() else "a stop signal sent to the stage"
+    return f"interrupted {where} ({why}); rerun the same command to resume"
 
 
 def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | None = None) -> list[dict]:
@@ -328,9 +368,14 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
         finished = {id(run): threading.Event() for run in runs}
         futures = [pool.submit(_run_chain, chain, console, label, finished) for chain in chains.values()]
         console.follow(futures)
-    failed = [f.result() for f in futures if f.result()]
-    if failed:
+    codes = [f.result() for f in futures if f.result()]
+    failed = [rc for rc in codes if rc != EXIT_INTERRUPTED]
+    if failed:  # a stage that failed on its own: its code, even when a stop came too
         raise SystemExit(failed[0])
+    if codes or stop_requested():
+        why = signal_name(stop_requested()) if stop_requested() else "a stage was stopped by a signal"
+        raise TrainingInterrupted(f"{why}; the running stages saved at a step boundary and no stage started "
+                                  f"after; rerun the same command to resume")
     summary = []
     for run in runs:
         res = run.result() or {}

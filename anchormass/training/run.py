@@ -30,6 +30,7 @@ from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, Dat
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
+from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 from anchormass.training.slurm_requeue import requeue_resume
 
@@ -270,12 +271,21 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     attach_wandb_id(cfg, out, resume)
     trainer = build_trainer(cfg, out)
     log_run_record(trainer, cfg, data_dir)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    interrupted = None
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    except TrainingInterrupted as err:  # saved at a step boundary (training/preemption.py): recorded, then re-raised
+        interrupted = err
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     last = next((cb.last_model_path for cb in trainer.checkpoint_callbacks if cb.last_model_path), None)
+    total = int(cfg.stage.total_steps)
     result = {"output_dir": str(out), "last_checkpoint": last, "metrics": metrics,
-              "global_step": trainer.global_step, "total_steps": int(cfg.stage.total_steps),
+              "global_step": trainer.global_step, "total_steps": total,
+              # a stage is done only when this is true (the curriculum skips it): an interrupted run says false
+              "completed": interrupted is None and trainer.global_step == total,
               "stage": str(cfg.stage.name), "model": module.model_cfg.name}
     if trainer.is_global_zero:
         atomic_write_json(out / RESULT_FILE, result, sort_keys=True, indent=2)  # the curriculum reads this to know a stage is done
+    if interrupted is not None:
+        raise interrupted
     return result

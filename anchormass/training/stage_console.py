@@ -148,6 +148,8 @@ class StageConsole:
             bar.close()
         if kind == "failed":
             self.failure(task, info["message"])
+        elif kind == "interrupted":  # shown at every verbosity, like a failure, but nothing to debug
+            self.print(f"{task.label}  {info['message']}")
         elif self.verbose >= 1:
             self.print(f"{task.label}  {info['message']}")
 

@@ -1,0 +1,273 @@
+"""Preemption (anchormass/training/preemption.py): SIGTERM / SIGUSR1 save a resumable checkpoint at
+the next optimizer-step boundary and exit 75; the curriculum passes stop signals on to its stages,
+never starts a stage from an unfinished one, and one curriculum folder has one runner at a time."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+from omegaconf import OmegaConf
+
+from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, tiny_datasets, train_cmd
+from anchormass.dir_lock import DirLock
+from anchormass.training import curriculum, logged_process
+from anchormass.training.curriculum import LOCK_FILE_NAME, StageRun, execute
+from anchormass.training.preemption import (EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals,
+                                            preempt_signals)
+from anchormass.training.run import train
+from anchormass.training.stage_console import StageConsole
+from test_train_curriculum import curriculum_cmd, tiny_curriculum
+
+# 6 optimizer steps of 2 micro-batches (a stop signal lands mid-accumulation), validation every 2,
+# periodic checkpoints every 4.
+OVER = ["model=anchormass_tiny", *FAST, "stage.total_steps=6", "stage.global_batch_size=4",
+        "stage.micro_batch_size=2", "stage.val_every=2", "stage.ckpt_every=4"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """The uninterrupted run's final weights."""
+    out = tmp_path_factory.mktemp("reference")
+    train(compose_train([*OVER, f"data_dir={data['pretrain']}"], out))
+    return model_params(out / "checkpoints" / "last.ckpt")
+
+
+def signal_hook(step: int, name: str) -> list[str]:
+    return ["+callbacks.signal._target_=_preempt_helpers.SignalAt", f"+callbacks.signal.step={step}",
+            f"+callbacks.signal.signal_name={name}"]
+
+
+def test_preempt_signals_leave_lightnings_slurm_requeue_signal_to_it():
+    plain = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=LightningEnvironment()))
+    assert preempt_signals(plain) == preempt_signals() == (signal.SIGTERM, signal.SIGUSR1)
+    requeue = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=SLURMEnvironment()))
+    assert preempt_signals(requeue) == (signal.SIGTERM,)  # Lightning saves and requeues on SIGUSR1 itself
+    no_requeue = SimpleNamespace(_accelerator_connector=SimpleNamespace(
+        cluster_environment=SLURMEnvironment(auto_requeue=False)))
+    assert preempt_signals(no_requeue) == (signal.SIGTERM, signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("name, signal_step, stop_step", [
+    ("SIGTERM", 2, 3),  # stops between periodic checkpoints: last.ckpt written by the stop
+    ("SIGUSR1", 3, 4),  # stops at a validation and periodic-checkpoint step: that one is written too
+])
+def test_signal_mid_step_saves_at_the_boundary_and_the_resume_is_bitwise_exact(
+        name, signal_step, stop_step, data, reference, tmp_path):
+    before = signal.getsignal(getattr(signal, name))
+    over = [*OVER, f"data_dir={data['pretrain']}"]
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(compose_train(over + signal_hook(signal_step, name), tmp_path))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert str(stop.value) == f"{name} at step {stop_step}; saved {last}; resume with ckpt_path=last"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == stop_step
+    assert (tmp_path / "checkpoints" / "step-0000004.ckpt").exists() == (stop_step == 4)
+    result = json.loads((tmp_path / "train_result.json").read_text())
+    assert (result["completed"], result["global_step"], result["total_steps"]) == (False, stop_step, 6)
+    run = StageRun("anchormass_tiny", "pretrain_1k", tmp_path, None)
+    assert not run.is_done()
+    assert signal.getsignal(getattr(signal, name)) == before  # the run's handler is gone with it
+
+    done = train(compose_train(over + ["ckpt_path=last"], tmp_path))
+    assert done["global_step"] == 6 and json.loads((tmp_path / "train_result.json").read_text())["completed"]
+    assert run.is_done()
+    resumed = model_params(last)
+    unequal = [k for k in reference if not torch.equal(reference[k], resumed[k])]
+    assert not unequal, f"resumed weights differ from the uninterrupted run: {unequal}"
+
+
+def test_train_py_exits_resumable_with_one_line(data, tmp_path):
+    proc = run_train([*OVER, f"data_dir={data['pretrain']}", *signal_hook(1, "SIGTERM")], tmp_path)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert proc.returncode == EXIT_INTERRUPTED == 75, proc.stderr[-3000:]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert lines == [f"interrupted: SIGTERM at step 2; saved {last}; resume with ckpt_path=last"]
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2
+
+
+# -- the curriculum, without processes: what it starts after a stage that did not finish
+
+
+def _stage(tmp_path: Path, name: str, parent: StageRun | None = None) -> StageRun:
+    return StageRun("m", name, tmp_path / name, parent.last_ckpt if parent else None, [f"stage={name}"])
+
+
+def _write_result(run: StageRun, step: int, total: int, completed: bool | None) -> None:
+    (run.out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    run.last_ckpt.write_bytes(b"")
+    res = {"global_step": step, "total_steps": total, "metrics": {}}
+    if completed is not None:
+        res["completed"] = completed
+    (run.out_dir / "train_result.json").write_text(json.dumps(res))
+
+
+def test_a_stage_is_done_only_when_its_result_says_completed(tmp_path):
+    run = _stage(tmp_path, "a")
+    for step, completed, done in [(6, True, True), (6, False, False), (6, None, False), (4, True, False)]:
+        _write_result(run, step, 6, completed)
+        assert run.is_done() is done, (step, completed)
+
+
+def _fake_stages(monkeypatch, outcomes: dict[str, tuple[int, bool]]) -> list[str]:
+    """run_logged stand-in: stage name -> (exit code, completed); returns the stages started."""
+    started = []
+
+    def fake(cmd, log_path, echo=None):
+        name = next(a.split("=", 1)[1] for a in cmd if a.startswith("stage="))
+        started.append(name)
+        rc, completed = outcomes[name]
+        _write_result(StageRun("m", name, Path(log_path).parent, None), 6 if completed else 3, 6, completed)
+        return rc
+
+    monkeypatch.setattr(curriculum, "run_logged", fake)
+    return started
+
+
+def test_a_stage_that_exits_0_unfinished_never_feeds_the_next(monkeypatch, tmp_path):
+    a = _stage(tmp_path, "a")
+    b = _stage(tmp_path, "b", a)
+    started = _fake_stages(monkeypatch, {"a": (0, False), "b": (0, True)})
+    with pytest.raises(SystemExit) as exit_:
+        execute([a, b], console=StageConsole(verbose=0, stream=open(os.devnull, "w")))
+    assert exit_.value.code == 1 and started == ["a"]
+
+
+def test_an_interrupted_stage_stops_its_chain_and_the_curriculum_is_resumable(monkeypatch, tmp_path):
+    a = _stage(tmp_path, "a")
+    b = _stage(tmp_path, "b", a)
+    started = _fake_stages(monkeypatch, {"a": (EXIT_INTERRUPTED, False), "b": (0, True)})
+    out = tmp_path / "console.txt"
+    with open(out, "w") as stream, pytest.raises(TrainingInterrupted, match="rerun the same command to resume"):
+        execute([a, b], console=StageConsole(verbose=0, stream=stream))
+    assert started == ["a"] and not a.is_done()
+    assert "a  interrupted at step 3/6, saved" in out.read_text()  # shown even at verbose=0
+
+
+def test_stop_signals_reach_the_children_and_only_while_inside(tmp_path):
+    """SIGINT to the runner: its child gets SIGTERM (a child's SIGINT would be Lightning's
+    KeyboardInterrupt, no checkpoint); no new child is left running; handlers come back."""
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(75))\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    codes = []
+    ready = threading.Event()
+    try:
+        with forward_stop_signals():
+            worker = threading.Thread(target=lambda: codes.append(logged_process.run_logged(
+                [sys.executable, "-c", child], tmp_path / "child.log", echo=lambda line: ready.set())))
+            worker.start()
+            assert ready.wait(30)
+            os.kill(os.getpid(), signal.SIGINT)
+            worker.join(30)
+            assert logged_process.stop_requested() == signal.SIGINT
+            # a child started after the stop gets the signal at once
+            late = logged_process.run_logged([sys.executable, "-c", child], tmp_path / "late.log")
+    finally:
+        logged_process.clear_stop()
+    assert codes == [75] and late in (75, -signal.SIGTERM)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
+
+
+def test_a_second_curriculum_on_the_same_folder_is_refused_before_it_writes(tmp_path):
+    cur = tiny_curriculum(tmp_path, ["anchormass_tiny"], [("pretrain_1k", None, 32)])
+    root = tmp_path / "runs" / "t"
+    finished = root / "anchormass_tiny" / "pretrain_1k"
+    (finished / "checkpoints").mkdir(parents=True)
+    (finished / "train.log").write_text("the first runner's log\n")
+    with DirLock(root / LOCK_FILE_NAME, what="held by the test"):  # the first runner: this process
+        before = _tree(tmp_path)
+        proc = subprocess.run([*curriculum_cmd(tmp_path, cur), "evaluate=false"], cwd=REPO, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert _tree(tmp_path) == before  # no data prepared, no stage touched, no log appended
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        f"error: curriculum folder {root} is in use by another process (pid {os.getpid()} on ")
+    assert not (root / LOCK_FILE_NAME).exists()  # released by its holder; the refused run left none
+
+
+# -- end to end, with signals from outside
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"{path} never appeared (exit {proc.poll()})"
+
+
+SLOW_AFTER = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=2",
+              "+callbacks.slow.seconds=1.0"]
+
+
+@pytest.mark.slow
+def test_sigterm_from_outside_then_resume_is_bitwise_identical(data, reference, tmp_path):
+    """As a scheduler does it: the signal comes from another process, at any moment of a step."""
+    over = [*OVER, f"data_dir={data['pretrain']}"]
+    proc = subprocess.Popen(train_cmd(over + SLOW_AFTER + ["stage.ckpt_every=2"], tmp_path), cwd=REPO,
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(tmp_path / "checkpoints" / "step-0000002.ckpt", proc)  # then a second per step: mid-run
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    step = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    assert err.strip().splitlines()[-1].startswith(f"interrupted: SIGTERM at step {step}; saved ")
+    assert step < 6 and not json.loads((tmp_path / "train_result.json").read_text())["completed"]
+    resumed = run_train(over + ["ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = model_params(tmp_path / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(reference[k], weights[k]) for k in reference)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_curriculum_passes_sigterm_on_waits_and_resumes_on_rerun(tmp_path):
+    cur = tiny_curriculum(tmp_path, ["anchormass_tiny"], [("pretrain_1k", None, 32), ("warmup_4k", "pretrain_1k", 32)])
+    cmd = [*curriculum_cmd(tmp_path, cur), "evaluate=false", "stage.total_steps=6", "stage.ckpt_every=2"]
+    first = tmp_path / "runs" / "t" / "anchormass_tiny" / "pretrain_1k"
+    proc = subprocess.Popen(cmd + SLOW_AFTER, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(first / "checkpoints" / "step-0000002.ckpt", proc)
+    child = json.loads((first / ".run.lock").read_text())["pid"]  # the running stage's train.py
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, out[-2000:] + err[-3000:]
+    assert not _alive(child)  # it saved and exited before the curriculum did: no orphan
+    assert "pretrain_1k  interrupted at step " in out
+    assert err.strip().splitlines()[-1].startswith("interrupted: SIGTERM; ")
+    result = json.loads((first / "train_result.json").read_text())
+    assert result["completed"] is False and 2 <= result["global_step"] < 6
+    assert not (first.parent / "warmup_4k").exists()  # the next stage never started from the unfinished one
+    assert not (tmp_path / "runs" / "t" / LOCK_FILE_NAME).exists()
+
+    again = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    log = (first / "train.log").read_text()
+    assert f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}" in log.split("===")[-1]  # resumed, not restarted
+    summary = json.loads((tmp_path / "runs" / "t" / "curriculum.json").read_text())
+    assert [s["global_step"] for s in summary["stages"]] == [6, 6]
