@@ -127,7 +127,7 @@ def test_fresh_run_over_another_runs_checkpoints_is_refused(data, tmp_path):
     assert not (out / LOCK_FILE).exists()
 
     # Resuming is allowed: the same run goes on to step 4 in the same files.
-    resumed = train(compose_train([*over, "stage.total_steps=4", "ckpt_path=last"], out))
+    resumed = train(compose_train([*over, "stage.total_steps=4", "resume_overrides=[stage.total_steps]", "ckpt_path=last"], out))
     assert resumed["global_step"] == 4
     assert ckpt_names(out) == ["last.ckpt", "step-0000002.ckpt", "step-0000004.ckpt"]
 
@@ -164,7 +164,7 @@ def test_resumed_run_continues_the_same_wandb_run(data, tmp_path):
     first = run_train(over, out)
     assert first.returncode == 0, first.stderr[-3000:]
     run_id = (out / "wandb_run_id").read_text().strip()
-    resumed = run_train([*over, "stage.total_steps=4", "ckpt_path=last"], out)
+    resumed = run_train([*over, "stage.total_steps=4", "resume_overrides=[stage.total_steps]", "ckpt_path=last"], out)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (out / "wandb_run_id").read_text().strip() == run_id
     # Offline, each process writes its own folder, named after the run id it logged to.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, Dat
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
+from anchormass.training.loggers import CarriedMetrics, attach_resume_step
+from anchormass.training.resume_point import (clean_checkpoint_folder, latest_checkpoint, make_last_the_newest,
+                                              recorded_step)
+from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
 from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 from anchormass.training.slurm_requeue import requeue_resume
@@ -138,7 +143,7 @@ def log_run_record(trainer: L.Trainer, cfg: DictConfig, data_dir: Path) -> None:
         logger.log_hyperparams(record)
 
 
-def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
+def build_trainer(cfg: DictConfig, out: Path, run_callbacks: list | tuple = ()) -> L.Trainer:
     cap_devices(cfg.trainer, cfg.stage)
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     tcfg.pop("_target_", None)
@@ -150,7 +155,7 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     if isinstance(strategy, dict):
         strategy = build(strategy)
     logger = build(cfg.logger) if cfg.get("logger") else False
-    callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None] + list(run_callbacks)
     if not logger:  # LearningRateMonitor refuses to run without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     if not tcfg.get("enable_progress_bar", True):  # nor may a progress bar exist when it is off
@@ -217,6 +222,8 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         # a resume continues the same run; only a fresh start may cross architectures
         across = bool(cfg.get("init_across_arch", False)) and not cfg.get("ckpt_path")
         check_same_architecture(start_ckpt["hyper_parameters"]["model_config"], model_cfg, start, across)
+    resume_changes = (check_resume_settings(start_ckpt, cfg, fingerprint(data_dir), start)
+                      if start_ckpt is not None and cfg.get("ckpt_path") else [])
     # Lengths trained so far (RoPE original_max_len) come from the run we continue or start from.
     trained_lengths = list(start_ckpt["hyper_parameters"].get("trained_lengths", [])) if start_ckpt else []
     tokenizer = data_dir / "tokenizer.model"
@@ -230,6 +237,7 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         # init_from: weights only (a resume gets everything from Lightning's own restore).
         check_same_tokenizer(start_ckpt["hyper_parameters"], meta, start, data_dir)
         load_weights(module.model, start_ckpt, start)
+    module.resume_changes = resume_changes  # made to take effect by ResumeOverrides (resume_settings.py)
     return module
 
 
@@ -239,16 +247,44 @@ INT_SETTINGS = dict.fromkeys(("seed", "torch_threads", "stage.seq_len", "stage.t
                               "stage.val_batches", "stage.loss_chunk"), int)
 
 
+def last_of_run(out: Path) -> Path:
+    """`ckpt_path=last`: the run folder's checkpoint with the highest recorded step, whatever the
+    files are called and wherever the folder was copied or moved from (training/resume_point.py)."""
+    found = latest_checkpoint(out / "checkpoints")
+    if found is None:
+        raise CheckpointError(f"ckpt_path=last: no checkpoint in {out / 'checkpoints'}; "
+                              f"start the run without ckpt_path, or pass ckpt_path=<file>")
+    return found
+
+
+def clean_before_resume(cfg: DictConfig, resume: str) -> str:
+    """What an interrupted run left: temp files, periodic checkpoints beyond the kept count, a
+    last.ckpt older than the resume point. Returns the resume point's path (it may be renamed)."""
+    ckpt_cfg = OmegaConf.select(cfg, "callbacks.model_checkpoint") or {}
+    folder = Path(ckpt_cfg.get("dirpath") or Path(cfg.output_dir) / "checkpoints")
+    keep = int(ckpt_cfg.get("save_top_k", -1))  # no periodic checkpoints configured: keep them all
+    for path in clean_checkpoint_folder(folder, keep, protect=Path(resume)):
+        print(f"note: removed {path.name} left in {folder} by an earlier run", file=sys.stderr)
+    resume = str(make_last_the_newest(folder, Path(resume)))
+    cfg.ckpt_path = resume
+    return resume
+
+
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
     check_numbers(cfg, INT_SETTINGS, message="must be a whole number")
     # A job Slurm runs again after a requeue reruns its command: it continues its run folder (training/slurm_requeue.py).
     resume = cfg.get("ckpt_path") or requeue_resume(cfg.output_dir)
-    if resume == "last":  # this run's own last.ckpt (resolved here so its hparams are read too)
-        resume = str(Path(cfg.output_dir) / "checkpoints" / "last.ckpt")
+    if resume == "last":  # resolved here so its hparams are read too
+        resume = str(last_of_run(Path(cfg.output_dir)))
         cfg.ckpt_path = resume
     if resume and not Path(resume).is_file():
         raise CheckpointError(f"ckpt_path not found: {resume}")
+    resume_step = recorded_step(resume) if resume else None
+    attach_resume_step(cfg, resume_step)  # the loggers drop what the interrupted run logged after it
+    if resume_step is not None and resume_step >= int(cfg.stage.total_steps):
+        print(f"note: {resume} is at step {resume_step} of stage.total_steps={int(cfg.stage.total_steps)}: "
+              f"nothing left to train; its last metrics are kept")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         raise CheckpointError(f"init_from checkpoint not found: {cfg.init_from}")
     data_dir = Path(cfg.data_dir)
@@ -266,10 +302,12 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    module = build_module(cfg, data_dir, meta)
+    module = build_module(cfg, data_dir, meta)  # refuses a resume with changed settings: nothing written yet
+    if resume and is_launching_process():
+        resume = clean_before_resume(cfg, resume)
     datamodule = build(cfg.stage.datamodule)
     attach_wandb_id(cfg, out, resume)
-    trainer = build_trainer(cfg, out)
+    trainer = build_trainer(cfg, out, [CarriedMetrics(out / RESULT_FILE), ResumeOverrides(module.resume_changes)])
     log_run_record(trainer, cfg, data_dir)
     interrupted = None
     try:

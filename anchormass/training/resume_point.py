@@ -1,0 +1,126 @@
+"""Where `ckpt_path=last` resumes, and a checkpoint folder that stays the run's own when copied or moved.
+
+- The resume point is the checkpoint in `<run folder>/checkpoints/` with the highest step recorded
+  inside it (its `global_step`), not the one named `last.ckpt`: a folder copied from another run
+  (or one holding an old `last-v1.ckpt`) still resumes from its newest weights.
+- `FolderCheckpoint` is Lightning's ModelCheckpoint that never writes `-vN` copies (it overwrites
+  its own file names) and that, restored from a checkpoint made in another folder, maps the kept
+  checkpoints it remembers onto its own folder, so it keeps rotating them.
+- At the start of a resume, `clean_checkpoint_folder` removes what an interrupted run can leave:
+  temp files of an unfinished atomic write and periodic checkpoints beyond the kept count, and
+  `make_last_the_newest` makes `last.ckpt` the newest checkpoint again when another name held it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from anchormass.utils import atomic_path
+
+LAST_PREFIX = "last"  # ModelCheckpoint.CHECKPOINT_NAME_LAST (and an old run's last-vN.ckpt)
+
+
+def recorded_step(path: str | os.PathLike) -> int | None:
+    """The optimizer step a checkpoint holds, read from its content (memory-mapped: the tensors
+    are not read); None when the file is not a readable checkpoint."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return int(ckpt["global_step"])
+    except Exception:  # truncated / not a torch file / no global_step: not a resume point
+        return None
+
+
+def _steps(folder: Path) -> dict[Path, int]:
+    steps = {}
+    for path in sorted(folder.glob("*.ckpt")):
+        step = recorded_step(path)
+        if step is None:
+            print(f"note: {path} is not a readable checkpoint; ignored", file=sys.stderr)
+        else:
+            steps[path] = step
+    return steps
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The checkpoint with the highest recorded step in `folder` (on a tie, last.ckpt)."""
+    steps = _steps(Path(folder))
+    if not steps:
+        return None
+    return max(steps, key=lambda p: (steps[p], p.name == f"{LAST_PREFIX}.ckpt", p.name))
+
+
+def clean_checkpoint_folder(folder: str | os.PathLike, keep: int, protect: Path | None = None) -> list[Path]:
+    """Remove temp files and all but the `keep` highest-step periodic checkpoints (keep < 0: all),
+    never `protect` (the checkpoint being resumed). Call only while holding the run folder's lock.
+    Returns what was removed."""
+    folder = Path(folder)
+    removed = [p for p in folder.glob("*.tmp") if p.is_file()]
+    if keep >= 0:
+        periodic = {p: s for p, s in _steps(folder).items() if not p.name.startswith(LAST_PREFIX)}
+        ranked = sorted(periodic, key=lambda p: (periodic[p], p.name), reverse=True)
+        removed += [p for p in ranked[keep:] if protect is None or p.resolve() != protect.resolve()]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def make_last_the_newest(folder: str | os.PathLike, resume: Path) -> Path:
+    """Make `last.ckpt` (what `init_from` and the curriculum read) hold the newest weights when the
+    resume point is newer under another name: an old run's `last-vN.ckpt` is renamed onto it, a
+    periodic checkpoint copied; leftover `last-vN.ckpt` files no newer than it are removed.
+    Returns the resume point's path afterwards. Call only while holding the run folder's lock."""
+    folder, resume = Path(folder), Path(resume)
+    last = folder / f"{LAST_PREFIX}.ckpt"
+    if resume.parent.resolve() != folder.resolve() or resume.name == last.name:
+        return resume
+    step = recorded_step(resume)
+    last_step = recorded_step(last) if last.is_file() else None
+    if step is not None and (last_step is None or last_step < step):
+        if resume.name.startswith(LAST_PREFIX):
+            os.replace(resume, last)
+            resume = last
+        else:
+            with atomic_path(last) as tmp:
+                shutil.copyfile(resume, tmp)
+        print(f"note: {last} now holds the newest checkpoint (step {step})", file=sys.stderr)
+    newest = recorded_step(last) if last.is_file() else None
+    for old in folder.glob(f"{LAST_PREFIX}-v*.ckpt"):
+        if old != resume and newest is not None and (recorded_step(old) or 0) <= newest:
+            old.unlink()
+            print(f"note: removed {old.name}, an older copy of {last.name}", file=sys.stderr)
+    return resume
+
+
+class FolderCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint bound to its own folder: no -vN names, and restored state re-based onto it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["enable_version_counter"] = False
+        super().__init__(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        here = self.dirpath
+        if here is None or state_dict.get("dirpath") in (None, here):
+            return super().load_state_dict(state_dict)
+
+        def moved(path: str | None) -> str | None:
+            return os.path.join(here, os.path.basename(path)) if path else path
+
+        state = dict(state_dict, dirpath=here)
+        for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+            state[key] = moved(state.get(key))
+        # Only the checkpoints this folder really holds (a move may have left some behind).
+        state["best_k_models"] = {moved(p): v for p, v in (state.get("best_k_models") or {}).items()
+                                  if os.path.isfile(moved(p))}
+        super().load_state_dict(state)
+        if self.kth_best_model_path and self.kth_best_model_path not in self.best_k_models and self.best_k_models:
+            worst = min if self.mode == "max" else max
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.get)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
