@@ -85,6 +85,20 @@ def test_saved_checkpoint_carries_its_content_checksum_and_loads(run_dir):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
+def test_checksum_survives_a_save_and_load_of_any_tensor_layout(tmp_path):
+    """bf16 (no numpy dtype), 0-dim, transposed, bool and empty tensors; optimizer scalars."""
+    state = {"model.a": torch.randn(3, 4).t(), "model.b": torch.tensor(1.5),
+             "model.c": torch.randn(5, dtype=torch.bfloat16), "model.d": torch.tensor([True, False]),
+             "model.e": torch.zeros(0)}
+    ckpt = {"state_dict": state, "hyper_parameters": {"model_config": {}},
+            "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}},
+                                  "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0]}]}]}
+    atomic_torch_save(ckpt, tmp_path / "x.ckpt")
+    assert read_checkpoint(tmp_path / "x.ckpt")[CHECKSUM_KEY] == content_checksum(ckpt)
+    ckpt["optimizer_states"][0]["param_groups"][0]["lr"] = 2e-3  # optimizer state is covered too
+    assert read_checkpoint(tmp_path / "x.ckpt")[CHECKSUM_KEY] != content_checksum(ckpt)
+
+
 def test_flipped_tensor_byte_fails_verification(run_dir, tmp_path):
     bad = flip_tensor_byte(run_dir / "checkpoints" / "last.ckpt", tmp_path / "bad.ckpt")
     torch.load(bad, map_location="cpu", weights_only=False)  # still a readable torch file

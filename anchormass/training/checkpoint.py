@@ -11,6 +11,8 @@ tensors' bytes (with their names, dtypes and shapes) in key order. `read_checkpo
 A checkpoint without the field (written before it existed, or by FSDP's own writer) is accepted
 with a one-line warning: refusing would strand every existing run, and its bytes are no less
 trustworthy than they were when it was written.
+Cost: sha256 runs at ~0.43 GiB/s on the 2-core dev machine (256 MiB of fp32 tensors in 0.58 s), so
+a 158M-parameter checkpoint with AdamW state (~1.9 GB) adds ~4-5 s to each save and each load.
 """
 
 from __future__ import annotations
