@@ -15,7 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.errors import AnchorMassError
 from anchormass.logging_setup import apply_verbosity
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
@@ -39,8 +40,22 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(3)
     except TrainingInterrupted as stop:  # SIGTERM/SIGUSR1: saved at a step boundary (training/preemption.py)
         exit_interrupted(stop, show=is_launching_process())  # one line, not one per DDP rank
+    except AnchorMassError as err:
+        if not in_search():
+            raise
+        # A trial refused for its sampled values (warmup past the stage's end) fails alone: no
+        # objective, recorded as failed, and the search goes on.
+        print(f"error: {err}", file=sys.stderr)
+        return None
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
     return result["metrics"].get("val/loss")
+
+
+def in_search() -> bool:
+    """Whether this run is one trial of an Optuna search (hydra/sweeper=optuna_optim)."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return False
+    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
 
 
 def through_launcher(argv: list[str]) -> list[str]:
@@ -75,6 +90,31 @@ def claim_run_dir(argv: list[str]) -> None:
 
 
 @exit_on_error
+def check_launcher_rerun(argv: list[str]) -> None:
+    """A launcher run (through_launcher) claims its folder inside the job, where a refusal (a
+    fresh run into a folder that holds checkpoints, a folder another run holds) reaches the
+    console only under submitit's 30-line UncompletedJobError: make the same claim here, before
+    anything is submitted, and let go of it for the job."""
+    from anchormass.training.run_dir import claim, is_launching_process, release
+
+    if not is_launching_process():
+        return
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=argv, return_hydra_config=True)  # check_overrides composed it already
+    claim(cfg.hydra.run.dir, resume=bool(cfg.get("ckpt_path")), overwrite=bool(cfg.get("overwrite")))
+    release(cfg.hydra.run.dir)
+
+
+def check_train_numbers(cfg: DictConfig) -> None:
+    """The run's typed checks (training/run.py INT_SETTINGS), here before Hydra writes the run
+    folder's .hydra/ and train.log: a refused run leaves nothing behind."""
+    from anchormass.config_checks import check_numbers
+    from anchormass.training.run import INT_SETTINGS
+
+    check_numbers(cfg, INT_SETTINGS)
+
+
+@exit_on_error
 def check_run_dir(argv: list[str]) -> None:
     """Hydra creates its run folder before any of our code runs; an unwritable one must still
     fail with one line and exit 2, so check an explicit hydra.run.dir first."""
@@ -87,7 +127,11 @@ def check_run_dir(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
+    launched = through_launcher(sys.argv[1:])
+    check_overrides(Path(__file__).parent / "configs", "train", launched, check=check_train_numbers)
     check_run_dir(sys.argv[1:])
-    sys.argv[1:] = through_launcher(sys.argv[1:])
+    if launched != sys.argv[1:]:
+        check_launcher_rerun(sys.argv[1:])
+    sys.argv[1:] = launched
     claim_run_dir(sys.argv[1:])
     main()

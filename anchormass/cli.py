@@ -3,7 +3,14 @@
 import functools
 import sys
 
+from omegaconf import OmegaConf
+
 from anchormass.errors import AnchorMassError
+
+# `${min:a,b}` in configs (the Optuna search space caps warmup at a shortened stage's length:
+# configs/hydra/sweeper/optuna_optim.yaml). Registered on import: every entry point imports this.
+if not OmegaConf.has_resolver("min"):
+    OmegaConf.register_new_resolver("min", lambda *values: min(values))
 
 
 def exit_on_error(fn):
@@ -52,3 +59,100 @@ def check_group_choices(config_dir, argv: list[str]) -> None:
             if not any((group / f"{option}.yaml").is_file() for group in groups):
                 known = ", ".join(sorted({p.stem for group in groups for p in group.glob("*.yaml")}))
                 raise ConfigError(f"unknown {key} '{option}'; choose one of: {known}")
+
+
+# Hydra flags that pick another primary config or folder: the checks below would compose the wrong one.
+_OTHER_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "--help",
+                       "-h", "--hydra-help", "--version", "--shell-completion", "-sc")
+
+
+def composed_variants(argv: list[str]) -> list[list[str]]:
+    """The override lists a run (or every job of a `-m` sweep) composes: a choice sweep
+    (`optim.lr=1e-3,fast`) contributes each of its values once; range / interval sweeps
+    (Optuna's search space) are numbers Hydra draws itself and are left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = [a for a in argv if not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(plain)
+    base, sweeps = [], []
+    for text, override in zip(plain, parsed):
+        if not override.is_sweep_override():
+            base.append(text)
+            continue
+        key = text.split("=", 1)[0]
+        try:
+            values = list(override.sweep_string_iterator())
+        except Exception:  # interval(...) / tag(...): not enumerable
+            continue
+        sweeps.append([f"{key}={value}" for value in values])
+    first = [values[0] for values in sweeps]
+    variants = [[*base, *first]]
+    for i, values in enumerate(sweeps):
+        for value in values[1:]:
+            variants.append([*base, *first[:i], value, *first[i + 1:]])
+    return variants
+
+
+@exit_on_error
+def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -> None:
+    """Compose the config the way Hydra will, before Hydra creates any folder or log, and turn
+    what it would report over several lines (exit 1) into one line (exit 2): an unknown key
+    (`stage.totl_steps=5`), an unknown choice in one of Hydra's own groups
+    (`hydra/launcher=submitit_locl`). `check(cfg)` then runs the entry point's typed checks on
+    every composed variant, so `stage.val_every=0` is refused before a run folder exists."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf import OmegaConf
+
+    from anchormass.errors import ConfigError
+
+    if any(a.split("=", 1)[0] in _OTHER_CONFIG_FLAGS for a in argv):
+        return
+    try:
+        variants = composed_variants(argv)
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot read the overrides: {str(err).splitlines()[0]}") from None
+    if len(variants) > 1 and not any(a in ("-m", "--multirun") for a in argv):
+        sweep = next(a for a in argv if a not in variants[0])
+        raise ConfigError(f"{sweep} lists several values: add -m to sweep over them, or write one value")
+    for overrides in variants:
+        try:
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        except MissingConfigException as err:
+            group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+            if not group or not err.options:
+                raise ConfigError(str(err).splitlines()[0]) from None
+            raise ConfigError(f"unknown {group} '{option}'; choose one of: {', '.join(sorted(err.options))}") from None
+        except ConfigCompositionException as err:
+            key = getattr(err.__cause__, "full_key", None)
+            if not key:
+                raise ConfigError(str(err).splitlines()[0]) from None
+            parent, _, leaf = key.rpartition(".")
+            known = cfg_without(config_dir, config_name, overrides, key)
+            node = OmegaConf.select(known, parent) if parent and known is not None else None
+            near = difflib.get_close_matches(leaf, list(node.keys()) if hasattr(node, "keys") else [], n=1)
+            hint = f"did you mean {parent}.{near[0]}? " if near else ""
+            written = next((o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0] == key
+                            or o.split("=", 1)[0].startswith(key + ".")), key)
+            raise ConfigError(f"unknown key {written}; {hint}a new key needs a leading +: +{written}=...") from None
+        if check is not None:
+            check(cfg)
+
+
+def cfg_without(config_dir, config_name: str, overrides: list[str], key: str):
+    """The config composed without the override of `key` (to suggest the key that was meant)."""
+    from hydra import compose, initialize_config_dir
+
+    def names_key(override: str) -> bool:
+        name = override.lstrip("+~").split("=", 1)[0]
+        return name == key or name.startswith(key + ".")
+
+    rest = [o for o in overrides if not names_key(o)]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name, overrides=rest)
+    except Exception:
+        return None

@@ -14,7 +14,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.config_checks import check_required
 from anchormass.data.prepare import prepare
 from anchormass.utils import CONFIG_ROOT
 
@@ -28,9 +29,14 @@ ConfigStore.instance().store(name="prepare_data", node={
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
+    check_data_config(cfg)
     out, meta = prepare(OmegaConf.to_container(cfg.data, resolve=True))
     print(json.dumps({"out_dir": str(out), "vocab_size": meta["vocab_size"], "splits": meta["splits"],
                       "seconds": meta["seconds"]}, indent=1))
+
+
+def check_data_config(cfg: DictConfig) -> None:
+    check_required(cfg.data)  # data=alpaca without data.tokenizer.path (keys are named from the root)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="prepare_data")
@@ -40,4 +46,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
     main()

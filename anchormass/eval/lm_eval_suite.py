@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 
-from anchormass.errors import ConfigError
+from anchormass.errors import ConfigError, DataError
 from anchormass.eval import tables
 from anchormass.eval.suite import EvalContext, Suite
 
@@ -27,7 +28,44 @@ def harness_model(m, tokenizer, device, batch_size: int):
     from anchormass.hf.tokenizer_export import hf_tokenizer
 
     hf = hf_wrapper(m.model, tokenizer.special_ids())
-    return HFLM(pretrained=hf, tokenizer=hf_tokenizer(tokenizer), batch_size=batch_size, device=str(device))
+    # HFLM warns that an in-memory model is not a hub name and not a registered CausalLM: both
+    # expected here, and lines that would bury a real error.
+    harness_log = logging.getLogger("lm_eval")
+    level = harness_log.level
+    harness_log.setLevel(logging.ERROR)
+    try:
+        return HFLM(pretrained=hf, tokenizer=hf_tokenizer(tokenizer), batch_size=batch_size, device=str(device))
+    finally:
+        harness_log.setLevel(level)
+
+
+def check_task_names(names: list[str], known: list[str]) -> None:
+    """An unknown task is one line naming it (and the nearest names), before any model runs."""
+    import difflib
+
+    from anchormass.hf.lm_eval_tasks import LOCAL_TASKS
+
+    for name in names:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=3)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            raise ConfigError(f"unknown lm_eval task '{name}' in tasks=[...]; {hint}`lm_eval ls tasks` lists the "
+                              f"harness's tasks, and {', '.join(LOCAL_TASKS)} reads local files")
+
+
+@contextlib.contextmanager
+def hub_errors_as_one_line(tasks: list[str]):
+    """A harness task whose data lives only on the Hugging Face Hub fails deep inside `datasets`
+    when the hub cannot be reached (HF_DATASETS_OFFLINE=1, no network); say so in one line."""
+    from anchormass.hf.lm_eval_tasks import LOCAL_TASKS
+
+    try:
+        yield
+    except ConnectionError as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"lm_eval tasks {tasks}: a dataset could not be fetched from the Hugging Face Hub ({reason}); "
+                        f"run once with network access so `datasets` caches it, or use a local task "
+                        f"({', '.join(LOCAL_TASKS)})") from None
 
 
 class LmEvalSuite(Suite):
@@ -54,23 +92,26 @@ class LmEvalSuite(Suite):
         if "jcqa_local" in self.tasks:
             for split, path in jcqa_files(self.opt("jcqa_dir")).items():
                 ctx.record_data(f"jcqa_{split}", path)
-        self.specs = task_specs(self.tasks, self.opt("jcqa_dir"))
         limit = self.opt("limit")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"lm_eval.limit must be a positive integer or null, got {limit!r}")
+        self.specs = task_specs(self.tasks, self.opt("jcqa_dir"))
+        from lm_eval.tasks import TaskManager
+
+        # Indexing the harness's thousands of task files takes a while: only when a task needs them.
+        self.manager = TaskManager(include_defaults=any(isinstance(s, str) for s in self.specs))
+        check_task_names([s for s in self.specs if isinstance(s, str)], self.manager.all_tasks)
 
     def run(self, ctx: EvalContext) -> dict:
         import lm_eval
-        from lm_eval.tasks import TaskManager
 
         per_model, n_samples, configs, items = {}, {}, {}, []
-        # Indexing the harness's thousands of task files takes a while: only when a task needs them.
-        manager = TaskManager(include_defaults=any(isinstance(s, str) for s in self.specs))
+        manager = self.manager
         for m in ctx.models:
             lm = harness_model(m, ctx.tokenizer, ctx.device, int(self.opt("batch_size", 1)))
             # The harness draws its own progress bars on stderr; keep them only when asked for.
             quiet = contextlib.nullcontext() if ctx.progress else contextlib.redirect_stderr(io.StringIO())
-            with quiet:
+            with quiet, hub_errors_as_one_line(self.tasks):
                 out = lm_eval.simple_evaluate(
                     model=lm, tasks=self.specs, num_fewshot=self.opt("num_fewshot"), limit=self.opt("limit"),
                     task_manager=manager, random_seed=ctx.seed, fewshot_random_seed=int(self.opt("fewshot_seed", 1234)),

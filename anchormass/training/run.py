@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
 from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
-from anchormass.config_checks import check_numbers
+from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
@@ -241,10 +241,16 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
     return module
 
 
-# Whole-number settings read with int() below; a word there must be a one-line ConfigError.
-INT_SETTINGS = dict.fromkeys(("seed", "torch_threads", "stage.seq_len", "stage.total_steps",
-                              "stage.global_batch_size", "stage.micro_batch_size", "stage.val_every",
-                              "stage.val_batches", "stage.loss_chunk"), int)
+# Numeric settings read with int() / float() below: a word, 20.7 for a step count or 0 steps
+# between validations must be a one-line ConfigError, not a traceback or a silently changed run.
+# stage.* come first so `stage.lr=fast` is named as written, not as optim.lr's interpolation.
+INT_SETTINGS = {
+    **dict.fromkeys(("seed", "stage.val_batches", "stage.warmup_steps"), NON_NEGATIVE_WHOLE),
+    **dict.fromkeys(("torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
+                     "stage.micro_batch_size", "stage.val_every", "stage.ckpt_every", "stage.loss_chunk"), COUNT),
+    "stage.lr": POSITIVE, "optim.lr": POSITIVE, "optim.warmup_steps": NON_NEGATIVE_WHOLE,
+    "optim.weight_decay": NON_NEGATIVE, "optim.min_lr_ratio": NON_NEGATIVE, "optim.eps": POSITIVE,
+}
 
 
 def last_of_run(out: Path) -> Path:
@@ -272,7 +278,7 @@ def clean_before_resume(cfg: DictConfig, resume: str) -> str:
 
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
-    check_numbers(cfg, INT_SETTINGS, message="must be a whole number")
+    check_numbers(cfg, INT_SETTINGS)
     # A job Slurm runs again after a requeue reruns its command: it continues its run folder (training/slurm_requeue.py).
     resume = cfg.get("ckpt_path") or requeue_resume(cfg.output_dir)
     if resume == "last":  # resolved here so its hparams are read too
