@@ -3,6 +3,9 @@
 Kinds:
 - pretrain: documents (sources.py) -> cleaners -> train/val split by document (seeded) ->
   tokenizer trained on the train documents (or reused) -> train.bin / val.bin, eos after each document.
+  Cleaning + encoding run in `num_workers` processes (parallel_encode.py), streamed, in corpus
+  order; `num_shards=K shard_index=i` writes shard i of K (shards.py) for merge.py to join.
+  The files are byte-identical for every num_workers, and merged shards equal a one-machine run.
 - sft: Alpaca records -> the chat template (sft.py) -> tokens + loss mask + offsets; reuses a tokenizer.
 - longctx: retrieval examples over a prepared pretrain folder's train/val tokens (longctx.py); sft layout.
 
@@ -22,42 +25,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-import numpy as np
 from tqdm import tqdm
 
 from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask
 from anchormass.data.dataset_dir import PreparedDataset
 from anchormass.data.longctx import LongContextSpec, build_examples
 from anchormass.data.sft import alpaca_records, pack_examples, render_example
-from anchormass.data.sources import iter_documents, iter_records
+from anchormass.data.parallel_encode import BLOCK_DOCS, BlockEncoder, limited, raw_blocks
+from anchormass.data.shards import SHARD_KIND, ShardReader, write_shard
+from anchormass.data.sources import describe, iter_documents, iter_records, source_parts
+from anchormass.data.split_writer import SplitWriter, split_stream
 from anchormass.utils import resolve_path
-from anchormass.data.token_file import TokenWriter, write_tokens
+from anchormass.data.token_file import write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.config_checks import check_numbers
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
-
-_ENCODE_BATCH = 256  # documents per SentencePiece batch call
-
-
-def _split_flags(seed: int, val_fraction: float) -> Callable[[], bool]:
-    """Call once per document, in order: True = val. One seeded stream, so streaming sources work."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    rng = np.random.default_rng(seed)
-    return lambda: bool(rng.random() < val_fraction)
-
-
-def _batched(items: Iterable, n: int) -> Iterator[list]:
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
 
 def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
     tcfg = dict(cfg.get("tokenizer") or {})
@@ -77,45 +60,55 @@ def _base_meta(cfg: Mapping[str, Any], kind: str, tok: Tokenizer, source: str) -
             "tokenizer_checksum": tok.checksum, "special_ids": tok.special_ids(), "source": source}
 
 
+def _parallel_settings(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(num_workers, num_shards, shard_index, block_docs), checked."""
+    workers, shards = int(cfg.get("num_workers") or 1), int(cfg.get("num_shards") or 1)
+    index, block_docs = int(cfg.get("shard_index") or 0), int(cfg.get("block_docs") or BLOCK_DOCS)
+    if workers < 1 or shards < 1 or block_docs < 1:
+        raise ConfigError(f"data.num_workers, data.num_shards and data.block_docs must be >= 1, got "
+                          f"{workers}, {shards}, {block_docs}")
+    if not 0 <= index < shards:
+        raise ConfigError(f"data.shard_index must be in [0, {shards}) for data.num_shards={shards}, got {index}")
+    return workers, shards, index, block_docs
+
+
 def _prepare_pretrain(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     src, cleaners = cfg["source"], cfg.get("cleaners")
     seed, val_fraction = int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05))
+    workers, shards, index, block_docs = _parallel_settings(cfg)
 
     def split_docs(want_val: bool) -> Iterator[str]:
         docs, _ = iter_documents(src, cleaners)
-        is_val = _split_flags(seed, val_fraction)
+        is_val = split_stream(seed, val_fraction)
         return (d for d in docs if is_val() == want_val)
 
     max_docs = (cfg.get("tokenizer") or {}).get("max_docs")
     tok = _tokenizer(cfg, out, lambda: tqdm(split_docs(False) if not max_docs else
                                             (d for _, d in zip(range(int(max_docs)), split_docs(False))),
                                             desc="tokenizer docs", unit="doc", leave=False))
-    docs, desc = iter_documents(src, cleaners)
-    is_val = _split_flags(seed, val_fraction)
-    writers = {s: TokenWriter(out / f"{s}.bin", tok.vocab_size) for s in ("train", "val")}
-    stats = {s: {"documents": 0, "characters": 0} for s in writers}
-    try:
-        for batch in _batched(tqdm(docs, desc="encode", unit="doc"), _ENCODE_BATCH):
-            flags = [is_val() for _ in batch]
-            for text, ids, val in zip(batch, tok.encode_batch(batch), flags):
-                split = "val" if val else "train"
-                writers[split].write(np.asarray(ids + [tok.eos_id], dtype=np.int64))
-                stats[split]["documents"] += 1
-                stats[split]["characters"] += len(text)
-        for split, st in stats.items():
-            if st["documents"] == 0:
-                raise DataError(f"the {split} split got no documents ({sum(s['documents'] for s in stats.values())}"
-                                f" in the corpus, val_fraction {val_fraction}); the corpus is empty or too small")
-        sides = {s: w.finish({"tokenizer_checksum": tok.checksum, "source": desc, "split": s})
-                 for s, w in writers.items()}
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    for s, st in stats.items():
-        st["tokens"] = sides[s]["tokens"]
-        st["chars_per_token"] = round(st["characters"] / max(1, st["tokens"]), 4)
-    return {**_base_meta(cfg, "pretrain", tok, desc), "splits": stats}
+    parts = source_parts(src, cleaners)
+    desc = describe(parts)
+    base = _base_meta(cfg, "pretrain", tok, desc)
+    progress = tqdm(desc="encode", unit="doc")
+    with BlockEncoder(tok, (out / "tokenizer.model").read_bytes(), workers) as encoder:
+        if shards > 1:
+            recipe = {"block_docs": block_docs, "split_seed": seed, "val_fraction": val_fraction}
+            return write_shard(out, encoder, parts, index, shards, block_docs, progress,
+                               {"dataset": base, "recipe": recipe})
+        writer = SplitWriter(out, tok.vocab_size, tok.checksum, desc, seed, val_fraction)
+        try:
+            for part in parts:
+                encoded = (enc for _, enc in encoder.encode(part, enumerate(raw_blocks(part, block_docs))))
+                for enc in limited(encoded, part.limit):
+                    writer.add(enc)
+                    progress.update(len(enc))
+            stats = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            progress.close()
+    return {**base, "splits": stats}
 
 
 def _write_sft_split(out: Path, split: str, examples, tok: Tokenizer, extra: dict, max_tokens=None) -> dict:
@@ -137,7 +130,7 @@ def _need_tokenizer(cfg: Mapping[str, Any], out: Path) -> Tokenizer:
 def _prepare_sft(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     tok = _need_tokenizer(cfg, out)
     rows, desc = iter_records(cfg["source"])
-    is_val = _split_flags(int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05)))
+    is_val = split_stream(int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05)))
     system = cfg.get("system")
     split = {"train": [], "val": []}
     for rec in tqdm(alpaca_records(rows, cfg.get("fields")), desc="render", unit="example"):
@@ -173,13 +166,21 @@ def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     return {**_base_meta(cfg, "sft", tok, desc), "longctx": {**spec_meta, "seed": seed}, "splits": splits}
 
 
-_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx}
+def _prepare_slot_recall(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    from anchormass.data.slot_recall import prepare_slot_recall  # it imports this module's writers
+
+    return prepare_slot_recall(cfg, out)
+
+
+_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx,
+          "slot_recall": _prepare_slot_recall}
 
 
 # Numeric settings read with int()/float() while preparing: a word there is a one-line ConfigError.
 _NUMBERS = {"split_seed": int, "val_fraction": float, "tokenizer.vocab_size": int,
             "tokenizer.character_coverage": float, "tokenizer.max_sentences": int, "tokenizer.seed": int,
-            "tokenizer.num_threads": int}
+            "tokenizer.num_threads": int, "num_workers": int, "num_shards": int, "shard_index": int,
+            "block_docs": int}
 
 
 def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -191,12 +192,23 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
         raise ConfigError("data config needs a name")
     check_numbers(cfg, _NUMBERS, label="data.")
     out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
+    shards = int(cfg.get("num_shards") or 1)
+    if shards > 1:  # a shard is not a dataset: never where the merged folder goes (merge.py)
+        if kind != "pretrain":
+            raise ConfigError(f"data.num_shards applies to kind pretrain only (this is {kind}); drop it")
+        out = out.with_name(f"{out.name}.shard-{int(cfg.get('shard_index') or 0)}-of-{shards}")
+    return build_folder(out, lambda staging: _KINDS[kind](cfg, staging))
+
+
+def build_folder(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    """`build(staging)` writes a folder's files and returns its meta.json; the folder is then
+    checked and renamed to `out` (replacing the old one), under `out`'s lock. Returns (out, meta)."""
     # The folder is replaced wholesale at the end: never a file, nor a folder that is not a dataset.
     if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):
         raise ConfigError(f"out_dir {out} exists and is not a prepared dataset folder; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     with DirLock(out.parent / f".{out.name}.lock", what=f"dataset folder {out}"):
-        return _prepare_locked(cfg, kind, out)
+        return _build_locked(out, build)
 
 
 def _remove_leftovers(out: Path) -> None:
@@ -207,14 +219,14 @@ def _remove_leftovers(out: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _prepare_locked(cfg: Mapping[str, Any], kind: str, out: Path) -> tuple[Path, dict[str, Any]]:
+def _build_locked(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
     _remove_leftovers(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     t0 = time.perf_counter()
     try:
-        meta = _KINDS[kind](cfg, staging)
+        meta = build(staging)
         atomic_write_json(staging / "meta.json", meta, sort_keys=True, indent=2)
-        PreparedDataset(staging)  # re-open and check everything we wrote
+        (ShardReader if meta["kind"] == SHARD_KIND else PreparedDataset)(staging)  # re-open, check all we wrote
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():

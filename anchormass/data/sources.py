@@ -10,7 +10,8 @@ them (read in order, each with an optional own `cleaners`):
     text_field: text     # column; a dotted path descends into nested records, lists are flattened
                          # ("paragraphs.context": every paragraph's context is one document)
     txt_mode: document   # text: document (a file is one document) | paragraph | line
-    name: null           # hub: dataset name; config_name, split (train), streaming (false)
+    streaming: false     # files and hub: read records as they are used (bounded memory; big corpora)
+    name: null           # hub: dataset name (or a local folder of json/parquet files); config_name, split (train)
     limit: null          # at most this many documents
     chunk_chars: null    # cut longer documents at line ends into pieces of about this many characters
 """
@@ -20,8 +21,9 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from anchormass.data.cleaners import clean, get_cleaners
 from anchormass.errors import ConfigError, DataError
@@ -106,7 +108,10 @@ def _load(src: Mapping[str, Any]):
                 kwargs["sample_by"] = _SAMPLE_BY[mode]
             if fmt == "json" and src.get("json_field"):
                 kwargs["field"] = src["json_field"]
-            ds = datasets.load_dataset(fmt, data_files=paths, split="train", **kwargs)
+            # streaming: records are read as they are used (bounded memory, no Arrow cache copy of
+            # the corpus); the same records in the same order as without it.
+            ds = datasets.load_dataset(fmt, data_files=paths, split="train", streaming=bool(src.get("streaming")),
+                                       **kwargs)
             names = ", ".join(os.path.relpath(p, REPO_ROOT) if p.startswith(str(REPO_ROOT)) else p for p in paths)
             return ds, f"files[{fmt}]: {names}"
         if kind == "hub":
@@ -124,23 +129,43 @@ def _load(src: Mapping[str, Any]):
     raise ConfigError(f"source.kind must be files, hub or demo, got {kind!r}")
 
 
-def iter_documents(src: Mapping[str, Any], cleaners: list[str] | str | None = None) -> tuple[Iterator[str], str]:
-    """(documents, description): read, clean (whole documents, so e.g. the Aozora header is seen),
-    then cut into chunks and limit. Empty / whitespace-only documents are skipped."""
+@dataclass(frozen=True)
+class SourcePart:
+    """One source of a data config, ready to read: its raw texts (as `datasets` or the generator
+    gives them) and what turns each into documents (`documents_of`). Kept apart so that cleaning
+    and chunking can run in worker processes next to the tokenizer (parallel_encode.py)."""
+
+    texts: Callable[[], Iterator[str]]  # a fresh stream of raw texts per call
+    cleaners: tuple[str, ...]
+    chunk_chars: int | None
+    limit: int | None
+    desc: str
+
+
+def documents_of(text: str, cleaner_fns: list[Callable[[str], str]], chunk_chars: int | None) -> list[str]:
+    """The documents one raw text becomes: cleaned whole (so e.g. the Aozora header is seen), cut
+    into chunks, empty / whitespace-only pieces dropped."""
+    text = clean(text, cleaner_fns) if cleaner_fns else text
+    pieces = _chunk(text, int(chunk_chars)) if chunk_chars else (text,)
+    return [d for d in pieces if d.strip()]
+
+
+def source_parts(src: Mapping[str, Any] | list, cleaners: list[str] | str | None = None) -> list[SourcePart]:
+    """The sources of `src` (a mapping or a list of them, each with an optional own `cleaners`), in order."""
     if isinstance(src, (list, tuple)):
-        # several sources, read one after the other; each may set its own `cleaners`
-        parts = [iter_documents(s, s.get("cleaners", cleaners)) for s in src]
-        if not parts:
+        if not src:
             raise ConfigError("source list is empty")
-        return itertools.chain.from_iterable(p[0] for p in parts), " + ".join(p[1] for p in parts)
+        return [part for s in src for part in source_parts(s, s.get("cleaners", cleaners))]
     if not isinstance(src, Mapping):
         raise ConfigError(f"data source must be a mapping or a list of them, got {type(src).__name__}")
-    cleaner_fns = get_cleaners(cleaners)
+    names = tuple([] if cleaners is None else [cleaners] if isinstance(cleaners, str) else cleaners)
+    get_cleaners(list(names))  # unknown names fail here, before anything is read
     if src.get("kind") == "demo":
         from anchormass.data.demo_corpus import demo_documents
 
-        docs: Iterable[str] = demo_documents(**(src.get("params") or {}))
-        desc = f"demo corpus (synthetic) {dict(src.get('params') or {})}"
+        params = dict(src.get("params") or {})
+        texts: Callable[[], Iterator[str]] = lambda: iter(demo_documents(**params))
+        desc = f"demo corpus (synthetic) {params}"
     else:
         ds, desc = _load(src)
         field = src.get("text_field", "text")
@@ -148,17 +173,29 @@ def iter_documents(src: Mapping[str, Any], cleaners: list[str] | str | None = No
         columns = getattr(ds, "column_names", None)
         if columns is not None and parts[0] not in columns:
             raise DataError(f"text field '{field}' not found; columns are {columns}")
-        docs = (text for rec in ds for text in _walk(rec, parts, field))
-    if cleaner_fns:
-        docs = (clean(d, cleaner_fns) for d in docs)
-        desc += f" cleaners={list(cleaners) if not isinstance(cleaners, str) else [cleaners]}"
-    chunk_chars = src.get("chunk_chars")
-    if chunk_chars:
-        docs = (piece for doc in docs for piece in _chunk(doc, int(chunk_chars)))
-    docs = (d for d in docs if d.strip())
-    if src.get("limit"):
-        docs = itertools.islice(docs, int(src["limit"]))
-    return docs, desc
+        texts = lambda: (text for rec in ds for text in _walk(rec, parts, field))
+    if names:
+        desc += f" cleaners={list(names)}"
+    return [SourcePart(texts, names, int(src["chunk_chars"]) if src.get("chunk_chars") else None,
+                       int(src["limit"]) if src.get("limit") else None, desc)]
+
+
+def describe(parts: list[SourcePart]) -> str:
+    return " + ".join(p.desc for p in parts)
+
+
+def iter_part(part: SourcePart) -> Iterator[str]:
+    fns = get_cleaners(list(part.cleaners))
+    docs = (d for text in part.texts() for d in documents_of(text, fns, part.chunk_chars))
+    return itertools.islice(docs, part.limit) if part.limit else docs
+
+
+def iter_documents(src: Mapping[str, Any] | list, cleaners: list[str] | str | None = None
+                   ) -> tuple[Iterator[str], str]:
+    """(documents, description): read, clean (whole documents, so e.g. the Aozora header is seen),
+    then cut into chunks and limit. Empty / whitespace-only documents are skipped."""
+    parts = source_parts(src, cleaners)
+    return itertools.chain.from_iterable(iter_part(p) for p in parts), describe(parts)
 
 
 def iter_records(src: Mapping[str, Any]) -> tuple[Iterator[Mapping[str, Any]], str]:

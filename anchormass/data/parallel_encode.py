@@ -1,0 +1,147 @@
+"""Cleaning + tokenising a corpus with N worker processes, in the corpus's order (docs/method.md §4).
+
+The main process reads raw texts (`sources.SourcePart`) and groups them into blocks: at most
+`block_docs` texts, closed early once they hold `BLOCK_CHARS` characters. Workers turn a block into
+documents (`sources.documents_of`: clean, chunk, drop empty) and token ids, eos after each
+document. Blocks come back in the order they were read, at most 2 per worker in flight, so the
+output is the same for every N and memory stays bounded by a few blocks whatever the corpus size.
+
+Block boundaries depend only on the corpus and `block_docs`, never on N: they are the unit that
+sharded preparation assigns to machines (`block_owner`, shards.py), so every shard agrees on them.
+Encoding a document does not depend on its neighbours, hence neither does the output on blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from anchormass.data.cleaners import get_cleaners
+from anchormass.data.sources import SourcePart, documents_of
+from anchormass.data.tokenizer import Tokenizer
+
+BLOCK_CHARS = 1 << 20  # ~1.5 s of SentencePiece work on Japanese text: coarse enough to hide the IPC
+BLOCK_DOCS = 256       # default data.block_docs
+
+
+@dataclass
+class EncodedBlock:
+    """A block's documents: tokens back to back (eos after each), and per document its token
+    count (with the eos) and character count."""
+
+    tokens: np.ndarray   # uint16 [sum(lengths)]
+    lengths: np.ndarray  # int64 [n_docs]
+    chars: np.ndarray    # int64 [n_docs]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def head(self, n_docs: int) -> "EncodedBlock":
+        """The first n_docs documents (a source's `limit` can end inside a block)."""
+        if n_docs >= len(self):
+            return self
+        return EncodedBlock(self.tokens[: int(self.lengths[:n_docs].sum())], self.lengths[:n_docs],
+                            self.chars[:n_docs])
+
+
+def raw_blocks(part: SourcePart, block_docs: int) -> Iterator[list[str]]:
+    """The raw texts of `part` in blocks (see the module docstring)."""
+    block: list[str] = []
+    size = 0
+    for text in part.texts():
+        block.append(text)
+        size += len(text)
+        if len(block) >= block_docs or size >= BLOCK_CHARS:
+            yield block
+            block, size = [], 0
+    if block:
+        yield block
+
+
+def block_owner(part_index: int, block: int, num_shards: int) -> int:
+    """Which shard encodes block `block` of source `part_index`: round robin, starting one shard
+    later for each source so that many small sources do not all land on shard 0."""
+    return (part_index + block) % num_shards
+
+
+_WORKER: dict = {}  # per process: the tokenizer, loaded once by _init
+
+
+def _init(model_bytes: bytes) -> None:
+    _WORKER["tok"] = Tokenizer(model_bytes)
+
+
+def encode_block(texts: list[str], cleaners: tuple[str, ...], chunk_chars: int | None) -> EncodedBlock:
+    tok: Tokenizer = _WORKER["tok"]
+    fns = get_cleaners(list(cleaners))
+    docs = [d for text in texts for d in documents_of(text, fns, chunk_chars)]
+    flat: list[int] = []
+    lengths = np.empty(len(docs), dtype=np.int64)
+    # one thread per worker: N workers use N cores, and 1 worker is one core (an honest baseline)
+    for i, ids in enumerate(tok.sp.encode(docs, out_type=int, num_threads=1) if docs else []):
+        flat += ids
+        flat.append(tok.eos_id)
+        lengths[i] = len(ids) + 1
+    # uint16 holds every id: tokenizer.py caps the vocabulary at 65,536 pieces
+    return EncodedBlock(np.array(flat, dtype=np.uint16), lengths,
+                        np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs)))
+
+
+class BlockEncoder:
+    """`encode(part, blocks)` -> EncodedBlocks in order, by `num_workers` processes (1: this one).
+
+    Workers are spawned, not forked: the parent has `datasets` / Arrow threads by now, and a fork
+    copies their locks in whatever state they are. Use as a context manager."""
+
+    def __init__(self, tokenizer: Tokenizer, model_bytes: bytes, num_workers: int = 1):
+        self.num_workers = int(num_workers)
+        self._pool = None
+        if self.num_workers > 1:
+            # concurrent.futures, not multiprocessing.Pool: a worker that dies (OOM killer, a crash)
+            # is a BrokenProcessPool error here instead of a hang
+            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init, initargs=(model_bytes,))
+        else:
+            _WORKER["tok"] = tokenizer
+
+    def encode(self, part: SourcePart, blocks: Iterable[tuple[int, list[str]]]) -> Iterator[tuple[int, EncodedBlock]]:
+        """(block id, EncodedBlock) for each (block id, raw texts), in the order given. Stopping
+        early (a `limit`) drops the blocks still in flight."""
+        if self._pool is None:
+            for b, texts in blocks:
+                yield b, encode_block(texts, part.cleaners, part.chunk_chars)
+            return
+        pending: collections.deque = collections.deque()
+        for b, texts in blocks:
+            pending.append((b, self._pool.submit(encode_block, texts, part.cleaners, part.chunk_chars)))
+            if len(pending) >= 2 * self.num_workers:  # bounded: the reader never runs far ahead
+                b0, future = pending.popleft()
+                yield b0, future.result()
+        while pending:
+            b0, future = pending.popleft()
+            yield b0, future.result()
+
+    def __enter__(self) -> "BlockEncoder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        _WORKER.pop("tok", None)
+
+
+def limited(blocks: Iterable[EncodedBlock], limit: int | None) -> Iterator[EncodedBlock]:
+    """`blocks` up to `limit` documents in all (None: all of them), the last one cut to fit."""
+    taken = 0
+    for block in blocks:
+        if limit:
+            block = block.head(limit - taken)
+        taken += len(block)
+        yield block
+        if limit and taken >= limit:
+            return
