@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, NoReturn
 
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from anchormass.training.callbacks import SaveLastOnEnd
@@ -54,12 +55,7 @@ def signal_name(signum: int) -> str:
 def _lightning_requeue_signal(trainer: Any) -> int | None:
     """The signal Lightning's SLURM auto-requeue handler owns (it saves and requeues the job
     itself), or None when that path is off (docs: lightning SLURMEnvironment(auto_requeue))."""
-    connector = getattr(trainer, "_accelerator_connector", None)
-    env = getattr(connector, "cluster_environment", None)
-    try:
-        from lightning.fabric.plugins.environments import SLURMEnvironment
-    except ImportError:  # pragma: no cover - lightning always ships it
-        return None
+    env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
     if isinstance(env, SLURMEnvironment) and env.auto_requeue:
         return env.requeue_signal
     return None
