@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "lm_eval": "anchormass.eval.lm_eval_suite:LmEvalSuite",
     "recall_frontier": "anchormass.eval.frontier:RecallFrontierSuite",
     "mqar": "anchormass.eval.mqar:MqarSuite",
+    "slot_recall": "anchormass.eval.slot_recall:SlotRecallSuite",
 }
 
 
