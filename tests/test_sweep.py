@@ -55,6 +55,8 @@ def test_optuna_sweep_finds_and_writes_the_best_trial(data, tmp_path):
 
 def test_sweeper_and_slurm_configs_compose(tmp_path):
     """The shipped search space and Slurm resources follow the run's own settings."""
+    import anchormass.cli  # noqa: F401  (registers the ${min:...} resolver, as every entry point does)
+
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("train", overrides=["hydra/sweeper=optuna_optim", "hydra/launcher=slurm", "trainer=ddp",
                                           "trainer.num_nodes=2", "stage.warmup_steps=50", f"output_dir={tmp_path}"],

@@ -1,0 +1,18 @@
+"""Hydra finds sweepers only in the `hydra_plugins` namespace; this one is the Optuna plugin's
+sweeper with the behaviour of anchormass/training/optuna_search.py (a rerun continues the sweep,
+one line when no trial completed). Kept import-light: Hydra imports every plugin module at start-up."""
+
+from pathlib import Path
+
+from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+
+class ResumableOptunaSweeper(OptunaSweeper):
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    def sweep(self, arguments: list[str]) -> None:
+        from anchormass.training.optuna_search import sweep
+
+        sweep(self.sweeper, self.sweep_dir, arguments, lambda: super(ResumableOptunaSweeper, self).sweep(arguments))
