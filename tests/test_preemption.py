@@ -51,14 +51,12 @@ def signal_hook(step: int, name: str) -> list[str]:
             f"+callbacks.signal.signal_name={name}"]
 
 
-def test_preempt_signals_leave_lightnings_slurm_requeue_signal_to_it():
+def test_preempt_signals_take_sigusr1_under_lightnings_slurm_requeue_too():
+    """Lightning's SLURM handler would save mid-step from the signal; ours saves at the boundary and
+    then requeues through it (training/slurm_requeue.py, tests/test_slurm_requeue.py)."""
     plain = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=LightningEnvironment()))
-    assert preempt_signals(plain) == preempt_signals() == (signal.SIGTERM, signal.SIGUSR1)
-    requeue = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=SLURMEnvironment()))
-    assert preempt_signals(requeue) == (signal.SIGTERM,)  # Lightning saves and requeues on SIGUSR1 itself
-    no_requeue = SimpleNamespace(_accelerator_connector=SimpleNamespace(
-        cluster_environment=SLURMEnvironment(auto_requeue=False)))
-    assert preempt_signals(no_requeue) == (signal.SIGTERM, signal.SIGUSR1)
+    slurm = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=SLURMEnvironment()))
+    assert preempt_signals(plain) == preempt_signals(slurm) == preempt_signals() == (signal.SIGTERM, signal.SIGUSR1)
 
 
 @pytest.mark.parametrize("name, signal_step, stop_step", [

@@ -8,8 +8,8 @@ weights, optimizer, schedule, loop counters, data position, RNG), and raises `Tr
 the entry points print one `interrupted: ...` line and exit `EXIT_INTERRUPTED`. Resuming that
 checkpoint (`ckpt_path=last`) continues bitwise as if nothing happened (tests/test_preemption.py).
 
-`preempt_signals` says which signals mean "stop and save": other code (a Slurm requeue path) asks
-it rather than installing competing handlers.
+`preempt_signals` says which signals mean "stop and save"; under Slurm, SIGUSR1 then requeues the job
+after the save (training/slurm_requeue.py) rather than through a competing handler.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from typing import Any, Iterator, NoReturn
 
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 
 from anchormass.training.callbacks import SaveLastOnEnd
 from anchormass.training.logged_process import request_stop
+from anchormass.training.slurm_requeue import requeue
 from anchormass.training.stage_console import shown
 
 # sysexits.h EX_TEMPFAIL: "temporary failure, try again". A run (or a curriculum) that exits with it
@@ -52,23 +52,13 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _lightning_requeue_signal(trainer: Any) -> int | None:
-    """The signal Lightning's SLURM auto-requeue handler owns (it saves and requeues the job
-    itself), or None when that path is off (docs: lightning SLURMEnvironment(auto_requeue))."""
-    env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
-    if isinstance(env, SLURMEnvironment) and env.auto_requeue:
-        return env.requeue_signal
-    return None
-
-
 def preempt_signals(trainer: Any = None) -> tuple[int, ...]:
-    """The signals that mean "checkpoint at the next step boundary and exit resumable": SIGTERM,
-    and SIGUSR1 unless Lightning's SLURM auto-requeue handles that signal (then it is left to it)."""
-    sigs = [signal.SIGTERM]
+    """The signals that mean "checkpoint at the next step boundary and exit resumable": SIGTERM and
+    SIGUSR1. Under Slurm, SIGUSR1 (the time-limit warning) then also requeues the job, after the
+    save, through the mechanism that owned it: submitit's handler or Lightning's SLURM auto-requeue
+    (training/slurm_requeue.py); Lightning's own handler would save mid-step, from the signal."""
     usr1 = getattr(signal, "SIGUSR1", None)
-    if usr1 is not None and _lightning_requeue_signal(trainer) != usr1:
-        sigs.append(usr1)
-    return tuple(sigs)
+    return (signal.SIGTERM,) if usr1 is None else (signal.SIGTERM, usr1)
 
 
 class PreemptCheckpoint(Callback):
@@ -171,6 +161,8 @@ class PreemptCheckpoint(Callback):
         path = save_last(trainer, pl_module, outputs, batch, batch_idx)
         what = signal_name(self.received) if self.received is not None else "a preempt signal on another rank"
         saved = f"saved {shown(path)}; resume with ckpt_path=last" if path else "no checkpoint callback, nothing saved"
+        requeued = requeue(trainer, self.received, self._previous.get(self.received))
+        saved += f"; {requeued}" if requeued else ""
         raise TrainingInterrupted(f"{what} at step {trainer.global_step}; {saved}")
 
 
