@@ -155,6 +155,18 @@ def test_a_copied_run_folder_resumes_from_its_newest_checkpoint_without_v_copies
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+def test_checkpoints_of_a_plain_model_checkpoint_keep_rotating_after_the_change(data, tmp_path):
+    """Runs started before FolderCheckpoint: their ModelCheckpoint state (the kept files) restores."""
+    out = tmp_path / "run"
+    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "callbacks.model_checkpoint.save_top_k=1"]
+    plain = ["callbacks.model_checkpoint._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+             "~callbacks.model_checkpoint.enable_version_counter"]
+    train(compose_train([*over, *plain, "+callbacks.stop._target_=test_resume_integrity.StopAt",
+                         "+callbacks.stop.step=2"], out))
+    train(compose_train([*over, "ckpt_path=last"], out))
+    assert ckpt_names(out) == ["last.ckpt", "step-0000006.ckpt"]  # step 2 rotated out as it would have been
+
+
 def test_resume_point_is_the_highest_recorded_step_not_the_name(data, tmp_path, capsys):
     over = [f"data_dir={data['pretrain']}", *FAST, *SIX]
     done = tmp_path / "done"

@@ -105,6 +105,11 @@ class FolderCheckpoint(ModelCheckpoint):
         kwargs["enable_version_counter"] = False
         super().__init__(*args, **kwargs)
 
+    @property
+    def state_key(self) -> str:
+        # Lightning's own key, so the state in checkpoints written by a plain ModelCheckpoint restores too.
+        return ModelCheckpoint.__qualname__ + super().state_key[len(type(self).__qualname__):]
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         here = self.dirpath
         if here is None or state_dict.get("dirpath") in (None, here):
