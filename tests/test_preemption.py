@@ -181,6 +181,26 @@ def test_stop_signals_reach_the_children_and_only_while_inside(tmp_path):
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_runner_going_down_stops_its_running_stages_first(monkeypatch, tmp_path):
+    """Whatever ends the runner's main thread (here a KeyboardInterrupt outside forward_stop_signals),
+    its stages get SIGTERM and save, instead of training on for hours while it waits for them."""
+    child = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
+    monkeypatch.setattr(curriculum, "command", lambda run: [sys.executable, "-c", child])
+
+    class Dies(StageConsole):
+        def follow(self, futures):
+            self.events.get(timeout=30)  # the stage has started
+            raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            execute([_stage(tmp_path, "a")], console=Dies(verbose=0, stream=open(os.devnull, "w")))
+    finally:
+        logged_process.clear_stop()
+    assert time.monotonic() - t0 < 60  # not the child's 120 s
+
+
 def _tree(root: Path) -> dict:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
 

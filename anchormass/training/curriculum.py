@@ -20,6 +20,7 @@ the ablations), to the same weights. The shared run gets the cores the waiting c
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
-from anchormass.training.logged_process import run_logged, stop_requested
+from anchormass.training.logged_process import request_stop, run_logged, stop_requested
 from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
@@ -367,7 +368,11 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         finished = {id(run): threading.Event() for run in runs}
         futures = [pool.submit(_run_chain, chain, console, label, finished) for chain in chains.values()]
-        console.follow(futures)
+        try:
+            console.follow(futures)
+        except BaseException:  # the runner is going down: its stages save and stop too, then it waits for them
+            request_stop(signal.SIGTERM, signal.SIGTERM)
+            raise
     codes = [f.result() for f in futures if f.result()]
     failed = [rc for rc in codes if rc != EXIT_INTERRUPTED]
     if failed:  # a stage that failed on its own: its code, even when a stop came too
