@@ -163,8 +163,9 @@ class PasskeySuite(Suite):
         if ctx.paired:
             out["paired"] = {L: paired_exact(main, labels, key=lambda r, L=L: r["length"] == L)
                              for L in self.lengths}
+        # A length that ran out of memory has no score: missing from the summary, not 0.0 exact.
         out["summary"] = {f"{lab}/len{L}/exact": c["exact"] / c["n"] for lab in labels
-                          for L, c in by_length[lab].items() if c["n"]}
+                          for L, c in by_length[lab].items() if c["n"] and not c["oom"]}
         return out
 
     def report(self, result: dict) -> str:

@@ -57,13 +57,15 @@ class PoliciesSuite(Suite):
                     items += recs
                     shallow = [r for r in recs if r["depth"] <= self.split]
                     cells.append({"model": m.label, "policy": policy, "budget": budget,
-                                  "hits": tally(recs)["exact"], "n": len(recs),
+                                  "hits": tally(recs)["exact"], "n": len(recs), "oom": tally(recs)["oom"],
                                   "hits_shallow": tally(shallow)["exact"], "n_shallow": len(shallow),
                                   "by_depth": {d: tally([r for r in recs if r["depth"] == d]) for d in self.depths}})
         return {"labels": [m.label for m in models], "length": self.length, "budgets": self.budgets,
                 "policies": self.policies, "depths": self.depths, "split_depth": self.split, "cells": cells,
                 "items": items,
-                "summary": {f"{c['model']}/{c['policy']}@{c['budget']}/exact": c["hits"] / c["n"] for c in cells}}
+                # a cell that ran out of memory has no score: missing, not 0.0 exact
+                "summary": {f"{c['model']}/{c['policy']}@{c['budget']}/exact": c["hits"] / c["n"] for c in cells
+                            if c["n"] and not c["oom"]}}
 
     def report(self, result: dict) -> str:
         out = [f"## Stage-2 policies at {result['length']:,} tokens\n"]
