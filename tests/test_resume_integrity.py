@@ -42,8 +42,12 @@ def data(tmp_path_factory):
 
 
 def interrupted_then_resumed(over: list[str], out: Path, resumes: int = 1) -> dict:
-    """Stop at step 5, resume from step 4 (to the end), then `resumes - 1` more `ckpt_path=last`."""
+    """Stop at step 5, resume from step 4 (to the end), then `resumes - 1` more `ckpt_path=last`.
+    The stopped run's metrics.csv (if any) ends in half a row, as when killed mid-append."""
     train(compose_train([*over, *STOP_AT_5], out))
+    if (out / "logs" / "metrics.csv").is_file():
+        with open(out / "logs" / "metrics.csv", "a") as fh:
+            fh.write("0,5.1")
     result = train(compose_train([*over, f"ckpt_path={out / 'checkpoints' / 'step-0000004.ckpt'}"], out))
     for _ in range(resumes - 1):
         result = train(compose_train([*over, "ckpt_path=last"], out))

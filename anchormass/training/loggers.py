@@ -36,8 +36,14 @@ from omegaconf import DictConfig, open_dict
 from anchormass.utils import atomic_write_text
 
 
-def _row_step(row: dict) -> int:
-    return int(float(row.get("step") or 0))
+def _logged_before(row: dict, step: int) -> bool:
+    """A whole metrics.csv row (every column read, none extra) logged at a step before `step`."""
+    if None in row or None in row.values():
+        return False
+    try:
+        return int(float(row["step"])) < step
+    except (KeyError, ValueError):
+        return False
 
 
 class ContinuingExperimentWriter(ExperimentWriter):
@@ -51,9 +57,11 @@ class ContinuingExperimentWriter(ExperimentWriter):
         if self._resume_step is None or not os.path.isfile(self.metrics_file_path):
             return super()._check_log_dir_exists()  # a fresh run: Lightning's behaviour
         with open(self.metrics_file_path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = list(reader.fieldnames or [])
-            rows = [row for row in reader if _row_step(row) < self._resume_step]
+            text = fh.read()
+        # A run killed mid-append leaves a partial last line: only whole lines count.
+        reader = csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline=""))
+        header = list(reader.fieldnames or [])
+        rows = [row for row in reader if _logged_before(row, self._resume_step)]
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=header)
         writer.writeheader()
