@@ -11,7 +11,12 @@ again, so each logger drops it:
 - TensorBoard: the new event file starts with `purge_step=g`, so readers hide the older events
   at steps >= g; events are flushed at every log call.
 - wandb: logged with an explicit `step` (the trainer's), so a resumed segment continues the step
-  axis of the run it resumes (run.py keeps the run id) instead of restarting `_step` at 0.
+  axis of the run it resumes (run.py keeps the run id) instead of restarting `_step` at 0. Offline,
+  each segment is its own folder, and nothing can drop what an interrupted segment logged after its
+  checkpoint: the resumed segment logs those steps again.
+
+Not covered: Lightning saves a step's checkpoint before that step's validation and a resume does
+not repeat it, so a run killed during that validation has no validation row for that step.
 
 run.py passes `resume_step` (the checkpoint's global step) when it resumes; null otherwise.
 """
