@@ -110,6 +110,10 @@ def test_merge_refuses_shards_of_different_recipes(prepared, tmp_path):
     b = prepare(config(corpus, tmp_path / "x", num_shards=2, shard_index=1, split_seed=8))[0]
     with pytest.raises(DataError, match="prepare all shards with one recipe"):
         merge_shards([str(a), str(b)], str(tmp_path / "merged"))
+    with pytest.raises(ConfigError, match="data.num_workers, data.num_shards and data.block_docs must be >= 1"):
+        prepare(config(corpus, tmp_path / "y", num_workers=0))
+    with pytest.raises(ConfigError, match=r"val_fraction must be in \(0, 1\)"):
+        prepare(config(corpus, tmp_path / "y", num_shards=2, val_fraction=1.5))
     with pytest.raises(ConfigError, match=r"data.shard_index must be in \[0, 2\)"):
         prepare(config(corpus, tmp_path / "y", num_shards=2, shard_index=2))
     with pytest.raises(DataError, match="shard 2 of 40 got no documents"):
@@ -233,3 +237,26 @@ def test_token_files_past_2_31_tokens(tmp_path):
     lo = i * seq
     expect = np.concatenate([np.zeros(max(0, big - lo), np.int64), tail.astype(np.int64)])[: seq + 1]
     assert x.tolist() == expect[:-1].tolist() and y.tolist() == expect[1:].tolist()
+
+
+def test_data_benchmark_says_when_the_real_text_is_missing(tmp_path, monkeypatch):
+    from anchormass.bench import data_prep
+
+    monkeypatch.setattr(data_prep, "AOZORA", tmp_path / "missing.txt")
+    with pytest.raises(DataError, match="needs the real text at .*missing.txt.*it is missing"):
+        data_prep.build_corpus(tmp_path / "scratch", 1.0)
+    assert not (tmp_path / "scratch").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "aozora").is_dir(),
+                    reason="../shared/data (real Aozora + JSQuAD text) not present")
+def test_data_benchmark_runs_side_by_side(tmp_path):
+    """scripts/bench_data.py on a 3 MB corpus: both runs, tokens/s, peak RSS, identical files."""
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_data.py"), "min_mb=3", f"out={tmp_path}"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads((tmp_path / "bench_data.json").read_text())
+    assert [r["workers"] for r in result["runs"]] == [1, 2] and result["files_identical"]
+    assert result["corpus"]["bytes"] >= 3e6 and all(r["tokens_per_s"] > 0 for r in result["runs"])
+    assert result["runs"][1]["peak_rss"]["processes"] >= 3 and result["runs"][1]["cpu_workers_s"] > 0

@@ -5,7 +5,8 @@ high-water marks (Linux /proc).
 process's high-water mark across fork + exec, so every child reports at least the parent's RSS at
 the moment it was started. /proc/<pid>/status `VmHWM` belongs to the process's own memory map (a
 new one at exec), so it is what each worker really held at its peak; it is read every `interval`
-seconds while the workers live (it only grows, so a late read loses nothing but the last interval).
+seconds while the workers live; the latest reading counts (it only grows after exec, so a late read
+loses nothing but the last interval).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class PeakRSS:
 
     def _sample(self) -> None:
         for pid in _descendants(os.getpid()):
-            self._peaks[pid] = max(self._peaks.get(pid, 0), _hwm_bytes(pid))
+            # the latest reading, not the largest: between fork and exec a child still shares the
+            # parent's memory map (and reports its size); after exec its own mark only grows
+            self._peaks[pid] = _hwm_bytes(pid) or self._peaks.get(pid, 0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

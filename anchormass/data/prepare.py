@@ -42,6 +42,7 @@ from anchormass.config_checks import check_numbers
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
 
+
 def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
     tcfg = dict(cfg.get("tokenizer") or {})
     if tcfg.get("path"):
@@ -62,8 +63,11 @@ def _base_meta(cfg: Mapping[str, Any], kind: str, tok: Tokenizer, source: str) -
 
 def _parallel_settings(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(num_workers, num_shards, shard_index, block_docs), checked."""
-    workers, shards = int(cfg.get("num_workers") or 1), int(cfg.get("num_shards") or 1)
-    index, block_docs = int(cfg.get("shard_index") or 0), int(cfg.get("block_docs") or BLOCK_DOCS)
+    def setting(key, default):
+        return int(default if cfg.get(key) is None else cfg[key])
+
+    workers, shards = setting("num_workers", 1), setting("num_shards", 1)
+    index, block_docs = setting("shard_index", 0), setting("block_docs", BLOCK_DOCS)
     if workers < 1 or shards < 1 or block_docs < 1:
         raise ConfigError(f"data.num_workers, data.num_shards and data.block_docs must be >= 1, got "
                           f"{workers}, {shards}, {block_docs}")
@@ -76,6 +80,7 @@ def _prepare_pretrain(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     src, cleaners = cfg["source"], cfg.get("cleaners")
     seed, val_fraction = int(cfg.get("split_seed", 42)), float(cfg.get("val_fraction", 0.05))
     workers, shards, index, block_docs = _parallel_settings(cfg)
+    split_stream(seed, val_fraction)  # checks val_fraction now: a shard run draws no split itself
 
     def split_docs(want_val: bool) -> Iterator[str]:
         docs, _ = iter_documents(src, cleaners)
