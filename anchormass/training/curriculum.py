@@ -6,8 +6,10 @@ the closing evaluations. Runs land in `runs/<curriculum>/<model>/<stage>/`, each
 output in `train.log`; with `seeds: [...]` every model's chain is repeated once per training seed
 in `runs/<curriculum>/seed<s>/<model>/<stage>/`. A `models` entry is a preset name or a variant
 `{name: <label>, model: <preset>, overrides: [...]}` (an ablation of one preset). Re-running the same command continues where it stopped: finished stages
-(train_result.json at the stage's total steps) are skipped, an interrupted one resumes exactly
-from its own last.ckpt.
+(train_result.json recording `completed: true` at the stage's total steps) are skipped, an
+interrupted one resumes exactly from its own last.ckpt. A stop signal to the runner reaches its
+running stages, which save at their next optimizer step (training/preemption.py); no stage starts
+after it, and none ever starts from a stage that did not finish. One runner per `runs/<curriculum>/`.
 
 A stage marked `shared: true` is trained once, by the first model, and every other model starts
 its next stages from that checkpoint. That is only allowed where the models are one function
@@ -26,9 +28,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -353,7 +355,8 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     """Run every stage as a train.py subprocess whose output goes to its log file. Each model's
     stages run in order; with parallel > 1 up to that many models train side by side (a 2-core
     machine runs two 1-thread chains faster than one 2-thread chain). Exits with the first
-    failure's code once every chain has stopped."""
+    failure's code once every chain has stopped; raises TrainingInterrupted when stages were
+    stopped by a signal (and nothing failed otherwise)."""
     console = console or StageConsole()
     chains: dict[tuple[int | None, str], list[StageRun]] = {}
     for run in runs:
