@@ -61,11 +61,6 @@ def check_group_choices(config_dir, argv: list[str]) -> None:
                 raise ConfigError(f"unknown {key} '{option}'; choose one of: {known}")
 
 
-# Hydra flags that pick another primary config or folder: the checks below would compose the wrong one.
-_OTHER_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--info", "--help",
-                       "-h", "--hydra-help", "--version", "--shell-completion", "-sc")
-
-
 def composed_variants(argv: list[str]) -> list[list[str]]:
     """The override lists a run (or every job of a `-m` sweep) composes: a choice sweep
     (`optim.lr=1e-3,fast`) contributes each of its values once; range / interval sweeps
@@ -108,8 +103,8 @@ def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -
 
     from anchormass.errors import ConfigError
 
-    if any(a.split("=", 1)[0] in _OTHER_CONFIG_FLAGS for a in argv):
-        return
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # Hydra's own flags (--cfg job, --config-name x, --help): another config, or nothing runs
     try:
         variants = composed_variants(argv)
     except OverrideParseException as err:

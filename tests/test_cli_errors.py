@@ -118,3 +118,10 @@ def test_lm_eval_task_problems_are_one_line(data, tmp_path, task, named):
                                "progress=false", f"out_dir={out}"])
     assert_one_line(proc, *named)
     assert not out.exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_hydra_flags_still_reach_hydra(data):
+    """The checks compose the config themselves; Hydra's own flags (`--cfg job`) are left to it."""
+    proc = run("train.py", ["--cfg", "job", f"data_dir={data['pretrain']}", "stage.total_steps=3"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "total_steps: 3" in proc.stdout
