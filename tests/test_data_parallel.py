@@ -157,6 +157,9 @@ def test_streaming_files_and_a_local_hub_folder_read_the_same(prepared, tmp_path
             Path(tok).write_bytes((folders[name] / "tokenizer.model").read_bytes())
     train = {name: (f / "train.bin").read_bytes() for name, f in folders.items()}
     assert train["cached"] == train["streaming"] == train["hub"] and len(train["hub"]) > 1000
+    from anchormass.data.sources import _load
+
+    assert isinstance(_load({"paths": [str(corpus / "a.jsonl")], "streaming": True})[0], datasets.IterableDataset)
 
 
 _MEMORY_RUN = """
