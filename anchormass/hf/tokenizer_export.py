@@ -37,6 +37,7 @@ CHAT_TEMPLATE = (
 
 def hf_tokenizer(tok: Tokenizer):
     """A `PreTrainedTokenizerFast` giving `tok`'s ids (see the module docstring)."""
+    from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
 
@@ -49,6 +50,10 @@ def hf_tokenizer(tok: Tokenizer):
     else:
         raise DataError(f"tokenizer {tok.path}: only unigram and BPE SentencePiece models can be exported")
     backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    # The charsmap maps character by character: a half-width kana and its half-width (semi-)voiced
+    # mark (ﾎﾞ) become ホ + a combining mark, which SentencePiece composes into ボ (NFKC). NFC after
+    # it composes them too; on NFKC-normal text it changes nothing.
+    backend.normalizer = normalizers.Sequence([backend.normalizer, normalizers.NFC()])
     piece = tok.id_to_piece
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=piece(tok.bos_id), eos_token=piece(tok.eos_id),
