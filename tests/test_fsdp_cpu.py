@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import lightning
+import pytest
 import torch
 
 from _train_helpers import FAST, REPO, subprocess_env, tiny_datasets, train_cmd
@@ -26,6 +27,7 @@ def test_cited_source_lines_are_the_limitation():
     assert 'determined_device.type == "cpu"' in _source_line(torch, "distributed/fsdp/_init_utils.py", 389)
 
 
+@pytest.mark.slow  # one train.py process: ~10 s idle, 20 s on a busy 2-core machine
 def test_fsdp_on_cpu_is_one_line_exit_2(tmp_path):
     data = tiny_datasets(tmp_path / "data")
     out = tmp_path / "run"
