@@ -28,6 +28,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from anchormass.training.logged_process import follow_parent
+
+    follow_parent()  # a curriculum's stage ends with its runner
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "evaluate", sys.argv[1:])
     main()

@@ -126,6 +126,9 @@ def check_run_dir(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from anchormass.training.logged_process import follow_parent
+
+    follow_parent()  # a curriculum's stage ends with its runner
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     launched = through_launcher(sys.argv[1:])
     check_overrides(Path(__file__).parent / "configs", "train", launched, check=check_train_numbers)

@@ -45,6 +45,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from anchormass.training.logged_process import follow_parent
+
+    follow_parent()  # a curriculum's stage ends with its runner
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
     main()

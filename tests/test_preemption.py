@@ -289,3 +289,43 @@ def test_curriculum_passes_sigterm_on_waits_and_resumes_on_rerun(tmp_path):
     assert f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}" in log.split("===")[-1]  # resumed, not restarted
     summary = json.loads((tmp_path / "runs" / "t" / "curriculum.json").read_text())
     assert [s["global_step"] for s in summary["stages"]] == [6, 6]
+
+
+def test_a_stage_ends_with_its_runner_even_on_sigkill(tmp_path):
+    """A runner killed with SIGKILL cannot forward anything, and its children run in their own
+    process group: each child asks the kernel for SIGTERM when the runner dies (follow_parent)."""
+    import os
+    import signal as _signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = ("from anchormass.training.logged_process import follow_parent; follow_parent(); "
+             f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+    runner = ("import sys; from anchormass.training.logged_process import run_logged; "
+              f"run_logged([sys.executable, '-c', {child!r}], {str(tmp_path / 'child.log')!r})")
+    proc = subprocess.Popen([sys.executable, "-c", runner])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child_pid = int(pid_file.read_text())
+        proc.send_signal(_signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child_pid, 0)
+            except ProcessLookupError:
+                break
+            # a zombie is gone for this purpose: it was reparented to init, which reaps it
+            if open(f"/proc/{child_pid}/stat").read().split()[2] == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child_pid, _signal.SIGKILL)
+            raise AssertionError("the child kept running after its runner was killed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

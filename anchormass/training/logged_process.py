@@ -7,14 +7,22 @@ runner can wait for them to save and exit instead of leaving them orphaned.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from anchormass.utils import REPO_ROOT
+
+# The runner's pid, in each child's environment: the child asks the kernel for a SIGTERM when the
+# runner dies (follow_parent), since its own process group keeps a kill of the runner's group from it.
+PARENT_PID_ENV = "ANCHORMASS_RUNNER_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 _running: set[subprocess.Popen] = set()
 # (signal the runner received, signal its children get), once a stop is requested
@@ -58,7 +66,7 @@ def run_logged(cmd: list[str], log_path: str | os.PathLike, echo: Callable[[str]
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "ab") as log:
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
         log.flush()
@@ -76,3 +84,19 @@ def run_logged(cmd: list[str], log_path: str | os.PathLike, echo: Callable[[str]
             return proc.wait()
         finally:
             _running.discard(proc)
+
+
+def follow_parent() -> None:
+    """In a child of run_logged: get SIGTERM when the runner dies, even by SIGKILL, so no stage
+    trains on orphaned (a training run then saves at its next step boundary and exits resumable).
+    The runner waits for each child in the thread that started it, so that thread (whose end is
+    what the kernel watches) lives as long as the child. A no-op outside run_logged or off Linux."""
+    parent = os.environ.pop(PARENT_PID_ENV, None)  # not inherited further: a DDP rank's parent is its rank 0
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the runner died before the request above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
