@@ -40,11 +40,16 @@ def test_the_include_folder_is_one_line_on_a_missing_jglue_folder(tmp_path):
     assert not (tmp_path / "inc").exists()
 
 
+REAL_JCQA = ROOT.parent / "shared" / "data" / "jglue" / "jcommonsenseqa-v1.3"
+
+
 @pytest.mark.slow  # two harness runs (~1 min on 2 cores)
-def test_lm_eval_cli_on_the_export_scores_each_question_as_the_suite(tmp_path):
+@pytest.mark.parametrize("source", ["synthetic", pytest.param("real", marks=pytest.mark.skipif(
+    not REAL_JCQA.is_dir(), reason="../shared/data (real JGLUE JCommonsenseQA) not present"))])
+def test_lm_eval_cli_on_the_export_scores_each_question_as_the_suite(tmp_path, source):
     from anchormass.hf.export import export_checkpoint
 
-    data = jcqa_files(tmp_path)
+    data = jcqa_files(tmp_path) if source == "synthetic" else REAL_JCQA  # real: long 3-shot prompts
     tok = tiny_tokenizer(tmp_path / "tok")
     ckpt = tiny_checkpoint(tmp_path / "am.ckpt", "anchormass_tiny", tok)
     folder = export_checkpoint(ckpt, tmp_path / "exported")
