@@ -177,3 +177,43 @@ def test_emit_rate_is_the_fraction_of_groups_that_emit():
     view = LayerView(model.cfg, qkv[0])
     value_groups = {(p - 16) // 8 for q in it.questions for c in q.answer_pos for p in c}
     assert view.emit_rate(0) == pytest.approx(len(value_groups) / view.emit.shape[1])
+
+
+def _suite_result(tmp_path, name, **cfg):
+    from anchormass.eval.runner import run_evaluation
+
+    out = run_evaluation({"suite": "slot_recall", "model": "anchormass_tiny", "compare_model": "standard_tiny",
+                          "out_dir": str(tmp_path / name), "progress": False,
+                          "eval": {"slot_recall": {"n_items": 2, "batch_size": 2, "lengths": [257],
+                                                   "tasks": {"kv": {"n_pairs": 2}, "passkey": {}}, **cfg}}})
+    import json
+    return json.loads((out / "results.json").read_text())["suites"]["slot_recall"]
+
+
+def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_one(tmp_path):
+    """mode=cached runs every model through its cache under a policy and budget (the probes still read
+    the parallel forward); the pooling keeps only the models every seed scored."""
+    from anchormass.eval.slot_recall_pool import pool_seeds
+
+    cached = _suite_result(tmp_path, "c", mode="cached", policy="fifo", budget=16, kv_policy="streaming_llm", kv_budget=32, labels=["am", "std"])
+    assert cached["mode"] == "cached" and cached["policy"] == "fifo" and len(cached["items"]) == 2 * (2 * 2 + 2)
+    assert all("layers" in r for r in cached["items"])
+    other = _suite_result(tmp_path, "p", labels=["am", "extra"])
+    pooled = pool_seeds([cached, other], [0, 1])
+    assert pooled["json"]["labels"] == ["am"] and "extra, std" in pooled["markdown"]
+    assert pooled["json"]["cells"][0]["am"]["n"] == 2 * 2 * 2  # 2 seeds x 2 items x 2 questions (kv)
+
+
+def test_the_study_scores_the_layout_it_trains_on():
+    """configs/eval/slot_recall.yaml asks the held-out questions in configs/data/slot_recall.yaml's
+    layout (vocabulary, tasks, distances, length): a drift would score tasks the models never saw."""
+    from omegaconf import OmegaConf
+
+    from anchormass.utils import CONFIG_ROOT
+
+    data = OmegaConf.to_container(OmegaConf.load(CONFIG_ROOT / "data" / "slot_recall.yaml"))["slot_recall"]
+    ev = OmegaConf.to_container(OmegaConf.load(CONFIG_ROOT / "eval" / "slot_recall.yaml"))["slot_recall"]
+    assert ev["vocab"] == data["vocab"] and ev["lengths"] == [data["length"]]
+    assert {k: ev[k] for k in ("min_distance", "start")} == {k: data[k] for k in ("min_distance", "start")}
+    strip = lambda tasks: {t: {k: v for k, v in (o or {}).items() if k != "fraction"} for t, o in tasks.items()}  # noqa: E731
+    assert strip(ev["tasks"]) == strip(data["tasks"])

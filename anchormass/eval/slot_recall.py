@@ -60,8 +60,9 @@ def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, p
         views = [LayerView(model.cfg, layer) for layer in qkv]
     elif mode == "parallel":
         pred = parallel_predictions(model, ids, positions)
-    else:
-        pred, _ = cached_predictions(model, ids, min(positions), positions, chunk, policy, budget)
+    else:  # the session scores t .. T-2 of what it is fed, so it reads the whole item (RoPE base of its length)
+        full = torch.tensor([it.ids for it in items], dtype=torch.long, device=ids.device)
+        pred, _ = cached_predictions(model, full, min(positions), positions, chunk, policy, budget)
         if probe:
             _, qkv = probe_forward(model, ids, positions[:1])
             views = [LayerView(model.cfg, layer) for layer in qkv]
@@ -132,8 +133,8 @@ class SlotRecallSuite(Suite):
         self.mode = self.opt("mode", "parallel")
         if self.mode not in ("parallel", "cached"):
             raise ConfigError(f"slot_recall.mode must be parallel or cached, got {self.mode!r}")
-        if self.mode == "parallel" and (self.opt("policy") is not None or self.opt("budget") is not None):
-            raise ConfigError("slot_recall: policy / budget apply to mode=cached only")
+        if self.mode == "parallel" and any(self.opt(k) is not None for k in ("policy", "budget", "kv_policy", "kv_budget")):
+            raise ConfigError("slot_recall: policy / budget / kv_policy / kv_budget apply to mode=cached only")
         if self.n_items < 1 or self.batch_size < 1:
             raise ConfigError("slot_recall: n_items and batch_size must be at least 1")
         labels = self.opt("labels")
@@ -151,6 +152,14 @@ class SlotRecallSuite(Suite):
             self.vocab.check_fits(int(m.config.vocab_size), who=f"model '{m.label}'")
         for spec in self.specs:
             ctx.check_length("slot_recall", spec.length - 1)
+        if self.mode == "cached":
+            from anchormass.cache import new_cache
+
+            for m in self.models:  # an unknown policy / missing budget fails here, not after other models ran
+                try:
+                    new_cache(m.model, 1, *self.session(m.model))
+                except ConfigError as err:
+                    raise ConfigError(f"slot_recall: {err} ('{m.label}')") from None
         curve = self.opt("curve")
         self.curve_items = None if not curve else int(dict(curve).get("n_items", 16))
 
@@ -185,11 +194,18 @@ class SlotRecallSuite(Suite):
     def items(self, spec: TaskSpec, n: int):
         return [make_item(self.vocab, spec, "eval", self.seed, i) for i in range(n)]
 
+    def session(self, model) -> tuple:
+        """(policy, budget) of a model's cache: `policy`/`budget` for AnchorMass (slots), `kv_policy`/
+        `kv_budget` for Standard (tokens per head; default the full cache)."""
+        if model.cfg.arch == "anchormass":
+            return self.opt("policy"), self.opt("budget")
+        return self.opt("kv_policy"), self.opt("kv_budget")
+
     def _score(self, model, spec: TaskSpec, n: int, probe: bool) -> list[dict]:
         items, recs = self.items(spec, n), []
         for s in range(0, len(items), self.batch_size):
             recs += score_batch(model, items[s:s + self.batch_size], self.mode if probe else "parallel",
-                                self.opt("chunk"), self.opt("policy"), self.opt("budget"), probe=probe)
+                                self.opt("chunk"), *self.session(model), probe=probe)
         return recs
 
     def _curve(self, m: EvalModel) -> list[dict]:
@@ -237,6 +253,7 @@ class SlotRecallSuite(Suite):
                                                        "n_layers": m.config.n_layers, "head_dim": m.config.head_dim}
                                              for m in self.models},
                 "left_out": self.left_out, "mode": self.mode, "policy": self.opt("policy"), "budget": self.opt("budget"),
+                "kv_policy": self.opt("kv_policy"), "kv_budget": self.opt("kv_budget"),
                 "n_items": self.n_items, "seed": self.seed, "vocab": self.vocab.as_dict(),
                 "tasks": [vars(s) for s in self.specs], "cells": list(cells.values()), "curves": curves,
                 "items": records, "summary": summary}
@@ -292,7 +309,8 @@ def render_table(labels, cells, models, result) -> str:
                          _fmt(_mean(lay["attn"] for lay in layers)), _fmt(emit)])
     setting = f"mode: {result['mode']}"
     if result["mode"] == "cached":
-        setting += f", policy: {result['policy'] or 'model default'}, budget: {result['budget'] or 'model default'}"
+        setting += (f", AnchorMass policy / budget: {result['policy'] or 'default'} / {result['budget'] or 'default'}, "
+                    f"Standard: {result.get('kv_policy') or 'full cache'} / {result.get('kv_budget') or '-'}")
     per_layer = ["", "Per layer (attention on the fact / emit rate / all answer tokens kept):", ""]
     for c in cells:
         for lab in labels:

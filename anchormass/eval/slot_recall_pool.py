@@ -41,9 +41,11 @@ def first_step(curve: list[tuple[int, float]], bar: float) -> int | None:
 
 
 def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
-    labels = per_seed[0]["labels"]
-    if any(r["labels"] != labels for r in per_seed):
-        raise ConfigError(f"slot_recall aggregate: the seeds scored different models: {[r['labels'] for r in per_seed]}")
+    # An optional model missing under some seed is pooled nowhere: a mean over other seeds would not compare.
+    labels = [lab for lab in per_seed[0]["labels"] if all(lab in r["labels"] for r in per_seed)]
+    partial = sorted({lab for r in per_seed for lab in r["labels"]} - set(labels))
+    if not labels:
+        raise ConfigError("slot_recall aggregate: no model was scored under every seed")
     models = per_seed[0]["models"]
     cells = []
     for ci, cell in enumerate(per_seed[0]["cells"]):
@@ -52,7 +54,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
         pairs = {lab: {} for lab in labels}
         for seed, res in zip(seeds, per_seed):
             for r in res["items"]:
-                if f"{r['task']}/{r['length']}" == key:
+                if f"{r['task']}/{r['length']}" == key and r["model"] in pairs:
                     pairs[r["model"]][(seed, r["item"], r["query"])] = r["correct"]
         for lab in labels:
             per = [res["cells"][ci][lab] for res in per_seed]
@@ -74,7 +76,8 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
             row[lab]["control_learned"] = (None if not controls else
                                            all(row[c]["correct"] / max(1, row[c]["n"]) >= CONTROL_BAR for c in controls))
         cells.append(row)
-    return {"markdown": pooled_markdown(labels, models, cells, seeds),
+    note = f"\nLeft out of the pooled table (not scored under every seed): {', '.join(partial)}\n" if partial else ""
+    return {"markdown": pooled_markdown(labels, models, cells, seeds) + note,
             "json": {"labels": labels, "models": models, "cells": cells, "seeds": list(seeds)},
             "plots": lambda out_dir: _plots(labels, models, cells, out_dir)}
 
