@@ -15,16 +15,17 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "anchormass"
 
 # Lower number = more basic. A new top-level package or module needs a line here.
 LAYERS = {
-    "errors": 0, "utils": 0,                 # import nobody from anchormass
-    "config_checks": 1, "logging_setup": 1,  # typed checks, console set-up
-    "dir_lock": 1,                           # one writer per run directory
-    "cli": 2,                                # entry-point behaviour (one-line errors)
-    "models": 3, "data": 3,                  # the networks; tokenizer and token files
-    "cache": 4,                              # caches and stage-2 / KV policies, built for a model
-    "inference": 5,                          # prefill + the one decode loop, over model and cache
-    "training": 6,                           # Lightning module, optimiser, runs, checkpoints
-    "bench": 7, "hf": 7,                     # benchmarks (may time training steps); HF export
-    "eval": 8,                               # evaluation suites (may drive anything below)
+    "errors": 0,                             # imports nobody from anchormass
+    "utils": 1,                              # shared helpers; their errors are AnchorMassErrors
+    "config_checks": 2, "logging_setup": 2,  # typed checks, console set-up
+    "dir_lock": 2,                           # one writer per run directory
+    "cli": 3,                                # entry-point behaviour (one-line errors)
+    "models": 4, "data": 4,                  # the networks; tokenizer and token files
+    "cache": 5,                              # caches and stage-2 / KV policies, built for a model
+    "inference": 6,                          # prefill + the one decode loop, over model and cache
+    "training": 7,                           # Lightning module, optimiser, runs, checkpoints
+    "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
+    "eval": 9,                               # evaluation suites (may drive anything below)
 }
 
 
@@ -88,11 +89,11 @@ def test_the_check_catches_a_model_importing_the_cache(tmp_path):
     assert layer_violations(pkg) == []
     (pkg / "models/transformer.py").write_text("def f():\n    from anchormass.cache import new_cache\n")
     (pkg / "models/rope.py").write_text("from .. import inference\n")
-    (pkg / "utils.py").write_text("from anchormass import errors\n")
+    (pkg / "errors.py").write_text("from anchormass import utils\n")
     assert layer_violations(pkg) == [
-        "anchormass/models/rope.py: models (layer 3) imports inference (layer 5)",
-        "anchormass/models/transformer.py: models (layer 3) imports cache (layer 4)",
-        "anchormass/utils.py: utils (layer 0) imports errors (layer 0)",
+        "anchormass/errors.py: errors (layer 0) imports utils (layer 1)",
+        "anchormass/models/rope.py: models (layer 4) imports inference (layer 6)",
+        "anchormass/models/transformer.py: models (layer 4) imports cache (layer 5)",
     ]
     (pkg / "newpart.py").write_text("")
     assert "anchormass/newpart.py: 'newpart' has no layer in tests/test_import_layers.py LAYERS" in layer_violations(pkg)

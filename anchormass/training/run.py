@@ -31,11 +31,11 @@ from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, Dat
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
+from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
 from anchormass.training.resume_point import (clean_checkpoint_folder, latest_checkpoint, make_last_the_newest,
                                               recorded_step)
 from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
-from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 from anchormass.training.slurm_requeue import requeue_resume
 
