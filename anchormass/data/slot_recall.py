@@ -50,8 +50,8 @@ class SlotRecallVocab:
 
     template: tuple[int, int] = (8, 24)
     digits: tuple[int, int] = (24, 34)
-    keys: tuple[int, int] = (64, 128)
-    values: tuple[int, int] = (128, 192)
+    keys: tuple[int, int] = (64, 80)
+    values: tuple[int, int] = (128, 144)
     noise: tuple[int, int] = (192, 512)
 
     NAMES = ("template", "digits", "keys", "values", "noise")
