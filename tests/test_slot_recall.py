@@ -202,6 +202,13 @@ def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_o
     pooled = pool_seeds([cached, other], [0, 1])
     assert pooled["json"]["labels"] == ["am"] and "extra, std" in pooled["markdown"]
     assert pooled["json"]["cells"][0]["am"]["n"] == 2 * 2 * 2  # 2 seeds x 2 items x 2 questions (kv)
+    both = pool_seeds([cached, cached], [0, 1])  # AnchorMass against the Standard twin of its shape, paired
+    vs = both["json"]["cells"][0]["am"]["vs_controls"]
+    by = {lab: [r["correct"] for r in cached["items"] if r["model"] == lab and r["task"] == "kv"] for lab in ("am", "std")}
+    b = sum(x and not y for x, y in zip(by["am"], by["std"]))
+    c = sum(y and not x for x, y in zip(by["am"], by["std"]))
+    assert list(vs) == ["std"] and (vs["std"]["b"], vs["std"]["c"]) == (2 * b, 2 * c)
+    assert both["json"]["cells"][0]["std"]["vs_controls"] == {}  # only AnchorMass models are compared to controls
 
 
 def test_the_study_scores_the_layout_it_trains_on():

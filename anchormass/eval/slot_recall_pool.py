@@ -22,6 +22,10 @@ from anchormass.eval.stats import mcnemar_exact, wilson_interval
 CONTROL_BAR = 0.8  # a lossless control below this has not learned the task: the cell is no result
 
 
+def is_lossless(info: dict) -> bool:
+    return info["arch"] == "anchormass" and info.get("group_size") == 1
+
+
 def shape_of(info: dict) -> str:
     return f"{info['n_layers']}L x {info['head_dim']}d"
 
@@ -71,10 +75,15 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
                             [pairs[labels[0]][x] for x in common], [pairs[lab][x] for x in common]),
                         "curve": curve, "step_50": first_step(curve, 0.5), "step_80": first_step(curve, CONTROL_BAR)}
         for lab in labels:  # the lossless control of the same shape decides whether the cell is a result
-            controls = [c for c in labels if models[c].get("group_size") == 1 and models[c]["arch"] == "anchormass"
-                        and shape_of(models[c]) == shape_of(models[lab])]
+            controls = [c for c in labels if is_lossless(models[c]) and shape_of(models[c]) == shape_of(models[lab])]
             row[lab]["control_learned"] = (None if not controls else
                                            all(row[c]["correct"] / max(1, row[c]["n"]) >= CONTROL_BAR for c in controls))
+            # AnchorMass against each control of its shape (Standard twin, lossless slots) on identical questions
+            twins = [c for c in labels if c != lab and shape_of(models[c]) == shape_of(models[lab])
+                     and (models[c]["arch"] == "standard" or is_lossless(models[c]))]
+            row[lab]["vs_controls"] = {} if models[lab]["arch"] != "anchormass" or is_lossless(models[lab]) else {
+                c: mcnemar_exact(*zip(*[(pairs[lab][x], pairs[c][x]) for x in sorted(set(pairs[lab]) & set(pairs[c]))]))
+                for c in twins}
         cells.append(row)
     note = f"\nLeft out of the pooled table (not scored under every seed): {', '.join(partial)}\n" if partial else ""
     return {"markdown": pooled_markdown(labels, models, cells, seeds) + note,
@@ -85,7 +94,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
 def pooled_markdown(labels, models, cells, seeds) -> str:
     head = ["task", "shape", "model", "acc mean ± std", "pooled [95% CI]", f"vs {labels[0]}: b/c (p)",
             "answer copies outlier / anchor / averaged %", "all kept (last layer)", "attention on fact",
-            "emit rate", "steps to 50% / 80%", "result?"]
+            "emit rate", "steps to 50% / 80%", "result?", "vs its shape's controls: b/c (p)"]
     body = []
     for c in cells:
         for lab in labels:
@@ -100,10 +109,14 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
                          _status_text(layers), _fmt(layers[-1]["all_kept"]) if layers else "-",
                          _fmt(_mean(lay["attn"] for lay in layers)), _fmt(_mean(lay["emit"] for lay in layers)),
                          f"{s['step_50'] if s['step_50'] is not None else '-'} / "
-                         f"{s['step_80'] if s['step_80'] is not None else '-'}", verdict])
+                         f"{s['step_80'] if s['step_80'] is not None else '-'}", verdict,
+                         "; ".join(f"{c}: {m['b']}/{m['c']} ({fmt_p(m['p'])})" for c, m in s["vs_controls"].items())
+                         or "-"])
     return ("## Recall through slots over training seeds\n\n" + tables.markdown(head, body) +
             f"\nseeds {', '.join(map(str, seeds))}; acc mean ± std over the seeds (percent), pooled Wilson interval, "
-            f"exact McNemar against {labels[0]} over the pooled (seed, item, question) pairs; probes averaged over "
+            f"exact McNemar against {labels[0]}, and of each AnchorMass model against the Standard twin and the "
+            "lossless control of its shape (b: the model right, the control wrong), over the pooled (seed, item, "
+            "question) pairs; probes averaged over "
             "seeds and layers; steps to 50% / 80% from the mean held-out learning curve (periodic checkpoints). "
             "result? = the lossless control (group_size=1) of the same shape reached 80% on the task; "
             "otherwise the budget was too small and the row is no finding.\n")
