@@ -37,3 +37,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    """The tiny prepared datasets the training tests share (demo corpus, chat SFT, long context)."""
+    from _train_helpers import tiny_datasets
+
+    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")

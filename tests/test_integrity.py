@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, compose_train, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, compose_train, subprocess_env, train_cmd
 from anchormass.data.dataset_dir import verify_dataset
 from anchormass.data.token_file import open_tokens, write_tokens
 from anchormass.errors import AnchorMassError, CheckpointError, DataError
@@ -32,11 +32,6 @@ from anchormass.training.run import train
 from anchormass.utils import atomic_write_text
 
 MODEL = ["model=standard_tiny"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, model_params, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, model_params, subprocess_env, train_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,6 @@ OVER = ["model=anchormass_tiny", *FAST, f"stage.total_steps={STEPS}", "stage.ckp
 # A rank that hangs fails the others after 30 s instead of torch's 30 min (the test never hangs CI).
 NODES = ["trainer=ddp_cpu", "trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy.timeout.seconds=30"]
 RUN_TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 def free_port() -> int:

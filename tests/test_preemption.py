@@ -17,7 +17,7 @@ import torch
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from omegaconf import OmegaConf
 
-from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, train_cmd
 from anchormass.dir_lock import DirLock
 from anchormass.training import curriculum, logged_process
 from anchormass.training.curriculum import LOCK_FILE_NAME, StageRun, execute
@@ -31,11 +31,6 @@ from test_train_curriculum import curriculum_cmd, tiny_curriculum
 # periodic checkpoints every 4.
 OVER = ["model=anchormass_tiny", *FAST, "stage.total_steps=6", "stage.global_batch_size=4",
         "stage.micro_batch_size=2", "stage.val_every=2", "stage.ckpt_every=4"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from _train_helpers import FAST, compose_train, model_params, run_train, tiny_datasets
+from _train_helpers import FAST, compose_train, model_params, run_train
 from anchormass.errors import ConfigError
 from anchormass.training.optim import lr_factor
 from anchormass.training.run import train
@@ -34,11 +34,6 @@ class StopAt(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step >= self.step:
             trainer.should_stop = True
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 def interrupted_then_resumed(over: list[str], out: Path, resumes: int = 1) -> dict:

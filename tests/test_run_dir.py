@@ -11,17 +11,12 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, train_cmd
 from anchormass.data.testing import tiny_pretrain
 from anchormass.dir_lock import DirLock, FolderBusy
 from anchormass.errors import ConfigError
 from anchormass.training.run import train
 from anchormass.training.run_dir import LOCK_FILE
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 class HoldUntil(Callback):

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
 from anchormass.training.curriculum import StageRun
 from anchormass.training.preemption import EXIT_INTERRUPTED
 from anchormass.training.slurm_requeue import requeue, requeue_resume
@@ -25,11 +25,6 @@ OVER = ["model=anchormass_tiny", *FAST, f"stage.total_steps={STEPS}", "stage.ckp
 # Slowed from step 2 on by a test hook that does not touch the numbers, so the signal lands mid-run.
 SLOW = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=2", "+callbacks.slow.seconds=0.7"]
 JOB_ID = "4242"
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 @pytest.fixture(scope="module")

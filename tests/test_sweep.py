@@ -10,14 +10,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from _train_helpers import CONFIG_DIR, FAST, REPO, subprocess_env, tiny_datasets
+from _train_helpers import CONFIG_DIR, FAST, REPO, subprocess_env
 
 SEARCHED = {"optim.lr", "optim.warmup_steps", "optim.weight_decay"}
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 def train_py(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:

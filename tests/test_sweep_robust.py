@@ -10,12 +10,7 @@ import sys
 import pytest
 import yaml
 
-from _train_helpers import FAST, REPO, subprocess_env, tiny_datasets
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
+from _train_helpers import FAST, REPO, subprocess_env
 
 
 def sweep(sweep_dir, data, *extra) -> subprocess.CompletedProcess:

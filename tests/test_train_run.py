@@ -8,7 +8,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from _train_helpers import FAST, compose_train, stage_data, tiny_datasets
+from _train_helpers import FAST, compose_train, stage_data
 from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
@@ -17,11 +17,6 @@ from anchormass.training.run import check_same_architecture, train
 
 STAGES = ["pretrain_1k", "warmup_4k", "longctx_8k", "longctx_16k", "longctx_32k", "chat_sft"]
 MODELS = ["standard_tiny", "anchormass_tiny"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 def test_every_config_composes(tmp_path):

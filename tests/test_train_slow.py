@@ -9,14 +9,9 @@ import time
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, tiny_datasets, train_cmd
+from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
 
 
 def _fail(proc) -> str:
