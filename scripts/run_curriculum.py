@@ -89,7 +89,8 @@ def evaluate(cur: DictConfig, runs: list[StageRun], root: Path, console: StageCo
         for name, jobs in per_entry.items():
             first = jobs[0]
             note = f"{first.a.model} (ckpt, A) vs {first.b.model} (compare_ckpt, B) at stage {first.a.stage}"
-            out = write_aggregate([j.out_dir / "results.json" for j in jobs], seed_list, root / "report" / name, note)
+            out = write_aggregate([j.out_dir / "results.json" for j in jobs], [j.seed for j in jobs],
+                                  root / "report" / name, note)
             reports.append(out / "report.md")
     return reports
 

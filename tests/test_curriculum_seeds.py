@@ -149,3 +149,39 @@ def test_tiny_curriculum_with_seeds_and_a_variant_end_to_end(tmp_path):
         (0, "am_wd0"), (0, "anchormass_tiny"), (1, "am_wd0"), (1, "anchormass_tiny")]
     assert f"report: {root / 'report' / 'cmp' / 'report.md'}" in proc.stdout
     assert any(line.split()[:1] == ["seed"] for line in proc.stdout.splitlines())  # the table's seed column
+
+
+def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):
+    """Per-model `stages:`/`seeds:`: one file holds models that take different routes; a stage entry
+    with a `name` reuses a preset under its own folder, chained to its own init_from."""
+    stages = STAGES + [{"name": "warmup_up", "stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo"}]
+    cfg = curriculum(seeds=[0, 1], stages=stages, models=[
+        {"name": "a", "model": "standard_tiny", "stages": ["pretrain_1k", "warmup_4k"]},
+        {"name": "b", "model": "anchormass_tiny", "stages": ["pretrain_1k", "warmup_up"], "seeds": [1]}])
+    runs = plan(cfg, tmp_path, [])
+    assert [(r.seed, r.model, r.stage) for r in runs] == [
+        (0, "a", "pretrain_1k"), (0, "a", "warmup_4k"),
+        (1, "a", "pretrain_1k"), (1, "a", "warmup_4k"), (1, "b", "pretrain_1k"), (1, "b", "warmup_up")]
+    up = runs[-1]
+    assert up.out_dir == tmp_path / "c" / "seed1" / "b" / "warmup_up" and "stage=warmup_4k" in up.args
+    assert up.init_from == runs[-2].last_ckpt
+    # the comparison of a and b exists only under the seed both trained
+    cfg.evaluate = [{"name": "cmp", "stage": "pretrain_1k"}]
+    assert [j.seed for j in report_jobs(cfg, runs, tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"stages": ["nope"]}, "stages must be a non-empty list of"),
+    ({"stages": []}, "stages must be a non-empty list of"),
+    ({"seeds": [5]}, "seeds must be a non-empty subset of curriculum.seeds"),
+    ({"stages": ["warmup_4k"]}, "starts from pretrain_1k, which is not an earlier stage b trains"),
+])
+def test_bad_per_model_routes_are_one_line_errors(tmp_path, model, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(curriculum(seeds=[0], models=["standard_tiny", {"name": "b", "model": "anchormass_tiny", **model}]),
+             tmp_path, [])
+
+
+def test_repeated_stage_names_are_refused():
+    with pytest.raises(ConfigError, match="stage names must be unique .* warmup_4k repeats"):
+        curriculum(stages=STAGES + [STAGES[1]])

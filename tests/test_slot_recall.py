@@ -192,7 +192,7 @@ def _suite_result(tmp_path, name, **cfg):
 
 def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_one(tmp_path):
     """mode=cached runs every model through its cache under a policy and budget (the probes still read
-    the parallel forward); the pooling keeps only the models every seed scored."""
+    the parallel forward); a model scored under only some seeds is pooled over those and says so."""
     from anchormass.eval.slot_recall_pool import pool_seeds
 
     cached = _suite_result(tmp_path, "c", mode="cached", policy="fifo", budget=16, kv_policy="streaming_llm", kv_budget=32, labels=["am", "std"])
@@ -200,8 +200,13 @@ def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_o
     assert all("layers" in r for r in cached["items"])
     other = _suite_result(tmp_path, "p", labels=["am", "extra"])
     pooled = pool_seeds([cached, other], [0, 1])
-    assert pooled["json"]["labels"] == ["am"] and "extra, std" in pooled["markdown"]
-    assert pooled["json"]["cells"][0]["am"]["n"] == 2 * 2 * 2  # 2 seeds x 2 items x 2 questions (kv)
+    assert pooled["json"]["labels"] == ["am", "std", "extra"]
+    kv = pooled["json"]["cells"][0]
+    assert kv["am"]["n"] == 2 * 2 * 2 and kv["am"]["n_seeds"] == 2  # 2 seeds x 2 items x 2 questions (kv)
+    assert kv["std"]["n"] == 2 * 2 and kv["std"]["n_seeds"] == 1 and "(1 seed)" in pooled["markdown"]
+    assert kv["extra"]["paired"]["b"] + kv["extra"]["paired"]["c"] <= 2 * 2  # paired on seed 1's questions only
+    with pytest.raises(ConfigError, match="first model"):
+        pool_seeds([{**other, "labels": ["extra", "am"]}, cached], [0, 1])
     both = pool_seeds([cached, cached], [0, 1])  # AnchorMass against the Standard twin of its shape, paired
     vs = both["json"]["cells"][0]["am"]["vs_controls"]
     by = {lab: [r["correct"] for r in cached["items"] if r["model"] == lab and r["task"] == "kv"] for lab in ("am", "std")}

@@ -45,12 +45,12 @@ def first_step(curve: list[tuple[int, float]], bar: float) -> int | None:
 
 
 def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
-    # An optional model missing under some seed is pooled nowhere: a mean over other seeds would not compare.
-    labels = [lab for lab in per_seed[0]["labels"] if all(lab in r["labels"] for r in per_seed)]
-    partial = sorted({lab for r in per_seed for lab in r["labels"]} - set(labels))
-    if not labels:
-        raise ConfigError("slot_recall aggregate: no model was scored under every seed")
-    models = per_seed[0]["models"]
+    # A model trained under only some seeds (the study's one-seed cells) is pooled over those seeds, and
+    # says how many; pairs with another model are the (seed, item, question) triples both answered.
+    labels = list(dict.fromkeys(lab for r in per_seed for lab in r["labels"]))
+    if not all(labels[0] in r["labels"] for r in per_seed):
+        raise ConfigError(f"slot_recall aggregate: the first model, {labels[0]}, must be scored under every seed")
+    models = {k: v for r in reversed(per_seed) for k, v in r["models"].items()}
     cells = []
     for ci, cell in enumerate(per_seed[0]["cells"]):
         key = f"{cell['task']}/{cell['length']}"
@@ -61,7 +61,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
                 if f"{r['task']}/{r['length']}" == key and r["model"] in pairs:
                     pairs[r["model"]][(seed, r["item"], r["query"])] = r["correct"]
         for lab in labels:
-            per = [res["cells"][ci][lab] for res in per_seed]
+            per = [res["cells"][ci][lab] for res in per_seed if lab in res["labels"]]
             k, n = sum(p["correct"] for p in per), sum(p["n"] for p in per)
             n_layers = len(per[0].get("layers") or [])
             layers = [{m: _mean(p["layers"][li][m] for p in per) for m in ("attn", "emit", "all_kept")}
@@ -69,7 +69,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
                                     for s in per[0]["layers"][li]["status"]}} for li in range(n_layers)]
             common = sorted(set(pairs[labels[0]]) & set(pairs[lab]))
             curve = mean_curves(per_seed, lab).get(key, [])
-            row[lab] = {"acc": scalar_stats([p["acc"] for p in per]), "correct": k, "n": n,
+            row[lab] = {"acc": scalar_stats([p["acc"] for p in per]), "correct": k, "n": n, "n_seeds": len(per),
                         "ci": list(wilson_interval(k, n)), "layers": layers,
                         "paired": None if lab == labels[0] else mcnemar_exact(
                             [pairs[labels[0]][x] for x in common], [pairs[lab][x] for x in common]),
@@ -85,8 +85,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
                 c: mcnemar_exact(*zip(*[(pairs[lab][x], pairs[c][x]) for x in sorted(set(pairs[lab]) & set(pairs[c]))]))
                 for c in twins}
         cells.append(row)
-    note = f"\nLeft out of the pooled table (not scored under every seed): {', '.join(partial)}\n" if partial else ""
-    return {"markdown": pooled_markdown(labels, models, cells, seeds) + note,
+    return {"markdown": pooled_markdown(labels, models, cells, seeds),
             "json": {"labels": labels, "models": models, "cells": cells, "seeds": list(seeds)},
             "plots": lambda out_dir: _plots(labels, models, cells, out_dir)}
 
@@ -103,7 +102,7 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
             std = "-" if acc["std"] is None else f"{100 * acc['std']:.1f}"
             layers = s["layers"]
             verdict = {None: "no control", True: "yes", False: "no: control < 80%"}[s["control_learned"]]
-            body.append([c["task"], shape_of(models[lab]), lab, f"{100 * acc['mean']:.1f} ± {std}",
+            body.append([c["task"], shape_of(models[lab]), lab, f"{100 * acc['mean']:.1f} ± {std}" + (f" ({s['n_seeds']} seed)" if s["n_seeds"] < len(seeds) else ""),
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
                          "-" if s["paired"] is None else f"{s['paired']['b']}/{s['paired']['c']} ({fmt_p(s['paired']['p'])})",
                          _status_text(layers), _fmt(layers[-1]["all_kept"]) if layers else "-",
@@ -113,7 +112,8 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
                          "; ".join(f"{c}: {m['b']}/{m['c']} ({fmt_p(m['p'])})" for c, m in s["vs_controls"].items())
                          or "-"])
     return ("## Recall through slots over training seeds\n\n" + tables.markdown(head, body) +
-            f"\nseeds {', '.join(map(str, seeds))}; acc mean ± std over the seeds (percent), pooled Wilson interval, "
+            f"\nseeds {', '.join(map(str, seeds))}; acc mean ± std over the seeds (percent; a model trained under "
+            "fewer seeds says how many), pooled Wilson interval, "
             f"exact McNemar against {labels[0]}, and of each AnchorMass model against the Standard twin and the "
             "lossless control of its shape (b: the model right, the control wrong), over the pooled (seed, item, "
             "question) pairs; probes averaged over "

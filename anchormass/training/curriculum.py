@@ -5,7 +5,11 @@ lists models, stages (each with its dataset, seeded from an earlier stage's last
 the closing evaluations. Runs land in `runs/<curriculum>/<model>/<stage>/`, each with its whole
 output in `train.log`; with `seeds: [...]` every model's chain is repeated once per training seed
 in `runs/<curriculum>/seed<s>/<model>/<stage>/`. A `models` entry is a preset name or a variant
-`{name: <label>, model: <preset>, overrides: [...]}` (an ablation of one preset). Re-running the same command continues where it stopped: finished stages
+`{name: <label>, model: <preset>, overrides: [...]}` (an ablation of one preset); a variant may
+train only some stages (`stages: [<key>, ...]`) and only some of the curriculum's seeds
+(`seeds: [...]`), so one file can hold models that take different routes (the slot-recall study's
+uptrained model beside the ones trained from scratch). A stage entry's key is its `name` (default:
+its `stage` preset), which names its folder, so one preset may appear twice. Re-running the same command continues where it stopped: finished stages
 (train_result.json recording `completed: true` at the stage's total steps) are skipped, an
 interrupted one resumes exactly from its own last.ckpt. A stop signal to the runner reaches its
 running stages, which save at their next optimizer step (training/preemption.py); no stage starts
@@ -108,6 +112,11 @@ def check_curriculum(cfg: DictConfig) -> DictConfig:
     for s in cfg.stages:
         if "stage" not in s or "data" not in s:
             raise ConfigError(f"curriculum {cfg.name}: every stage entry needs 'stage' and 'data', got {dict(s)}")
+    keys = [stage_key(s) for s in cfg.stages]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ConfigError(f"curriculum {cfg.name}: stage names must be unique (give a repeated preset a "
+                          f"`name`), {', '.join(dup)} repeats")
     parallel = cfg.get("parallel", 1)
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")
@@ -121,6 +130,17 @@ class ModelSpec:
     name: str  # the label in folders and tables
     preset: str  # configs/model/<preset>
     overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
+    stages: tuple[str, ...] | None = None  # the stage keys it trains (None: all)
+    seeds: tuple[int, ...] | None = None  # the curriculum seeds it trains under (None: all)
+
+    def trains(self, stage: str, seed: int | None) -> bool:
+        return ((self.stages is None or stage in self.stages)
+                and (self.seeds is None or seed is None or seed in self.seeds))
+
+
+def stage_key(s: DictConfig) -> str:
+    """A stage entry's name: its folder and the key `init_from`, `evaluate` and `stages:` use."""
+    return str(s.get("name") or s.stage)
 
 
 def model_specs(cfg: DictConfig) -> list[ModelSpec]:
@@ -133,10 +153,20 @@ def model_specs(cfg: DictConfig) -> list[ModelSpec]:
         if not isinstance(m, DictConfig) or not isinstance(m.get("name"), str) or not isinstance(m.get("model"), str):
             raise ConfigError(f"curriculum {cfg.name}: a models entry is a preset name or "
                               f"{{name: <label>, model: <preset>, overrides: [...]}}, got {m!r}")
-        extra = set(m.keys()) - {"name", "model", "overrides"}
+        extra = set(m.keys()) - {"name", "model", "overrides", "stages", "seeds"}
         if extra:
             raise ConfigError(f"curriculum {cfg.name}: model {m.name} has unknown keys {sorted(extra)}")
-        specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or []))))
+        keys, all_seeds = [stage_key(s) for s in cfg.stages], seeds(cfg)
+        own_stages = None if m.get("stages") is None else tuple(str(x) for x in m.stages)
+        own_seeds = None if m.get("seeds") is None else tuple(m.seeds)
+        if own_stages is not None and (not own_stages or set(own_stages) - set(keys)):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: stages must be a non-empty list of "
+                              f"{keys}, got {list(own_stages)}")
+        if own_seeds is not None and (all_seeds is None or not own_seeds or set(own_seeds) - set(all_seeds)):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: seeds must be a non-empty subset of "
+                              f"curriculum.seeds {all_seeds}, got {list(own_seeds)}")
+        specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or [])),
+                               own_stages, own_seeds))
     labels = [s.name for s in specs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -210,7 +240,7 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
     """Every (seed, model, stage) run in order: all stages of the first model, then the next
     model, then the next seed. The models of one seed get the same seed and data, so stage k
     feeds them identical batches and only the model differs."""
-    names = [s.stage for s in cfg.stages]
+    names = [stage_key(s) for s in cfg.stages]
     runs: list[StageRun] = []
     seed_list = seeds(cfg)
     for seed in seed_list if seed_list is not None else [None]:
@@ -221,11 +251,14 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
         for spec in model_specs(cfg):
             done: dict[str, StageRun] = {}
             for s in cfg.stages:
+                key = stage_key(s)
+                if not spec.trains(key, seed):
+                    continue
                 parent = s.get("init_from")
                 if parent is not None and parent not in done:
-                    raise ConfigError(f"curriculum {cfg.name}: stage {s.stage} starts from {parent}, "
-                                      f"which is not an earlier stage (order: {names})")
-                out = base / spec.name / str(s.stage)
+                    raise ConfigError(f"curriculum {cfg.name}: stage {key} starts from {parent}, which is not "
+                                      f"an earlier stage {spec.name} trains (order: {names})")
+                out = base / spec.name / key
                 args = [f"stage={s.stage}", f"model={spec.preset}", f"data={s.data}",
                         *list(s.get("data_overrides") or []), f"trainer={cfg.get('trainer', 'cpu')}",
                         f"run_name={cfg.name}", f"hydra.run.dir={out}", *STAGE_CONSOLE_ARGS]
@@ -235,12 +268,12 @@ def plan(cfg: DictConfig, runs_root: Path, extra: list[str]) -> list[StageRun]:
                 threads = [f"torch_threads={cfg.parallel}"] if s.get("shared") and cfg.get("parallel", 1) > 1 else []
                 args = merge_overrides(args + list(cfg.get("overrides") or []) + list(spec.overrides) + threads
                                        + list(extra) + seeded)
-                run = StageRun(spec.name, str(s.stage), out, done[parent].last_ckpt if parent else None, args, seed)
-                owner = owners.setdefault(str(s.stage), run) if s.get("shared") else run
+                run = StageRun(spec.name, key, out, done[parent].last_ckpt if parent else None, args, seed)
+                owner = owners.setdefault(key, run) if s.get("shared") else run
                 if owner is not run:
                     check_shared(cfg, s, owner, run)
-                    run = StageRun(spec.name, str(s.stage), owner.out_dir, None, owner.args, seed, shared_from=owner)
-                done[s.stage] = run
+                    run = StageRun(spec.name, key, owner.out_dir, None, owner.args, seed, shared_from=owner)
+                done[key] = run
                 runs.append(run)
     return runs
 
@@ -408,7 +441,7 @@ class ReportJob:
 def evaluate_pairs(cfg: DictConfig) -> list[tuple[DictConfig, str, str]]:
     """Each evaluate entry with the labels it compares: its `pair`, else the first two models.
     Checked before any training, so a typo does not surface after hours of it."""
-    labels, stages = [s.name for s in model_specs(cfg)], [str(s.stage) for s in cfg.stages]
+    labels, stages = [s.name for s in model_specs(cfg)], [stage_key(s) for s in cfg.stages]
     out = []
     for entry in cfg.get("evaluate") or []:
         if entry.get("name") is None or entry.get("stage") not in stages:
@@ -438,7 +471,9 @@ def report_jobs(cfg: DictConfig, runs: list[StageRun], root: Path) -> list[Repor
     for entry, a, b in evaluate_pairs(cfg):
         for seed in seed_list if seed_list is not None else [None]:
             out = root / "report" / str(entry.name) / (f"seed{seed}" if seed is not None else "")
-            jobs.append(ReportJob(str(entry.name), seed, by_key[(seed, a, str(entry.stage))],
-                                  by_key[(seed, b, str(entry.stage))], out,
+            pair = by_key.get((seed, a, str(entry.stage))), by_key.get((seed, b, str(entry.stage)))
+            if None in pair:  # a model that does not train this stage under this seed: no comparison there
+                continue
+            jobs.append(ReportJob(str(entry.name), seed, pair[0], pair[1], out,
                                   list(entry.get("overrides") or []) + list(cfg.get("eval_overrides") or [])))
     return jobs
