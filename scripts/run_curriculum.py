@@ -40,7 +40,7 @@ from anchormass.training.curriculum import (
 from anchormass.training.logged_process import run_logged, stop_requested
 from anchormass.training.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals, signal_name
 from anchormass.training.stage_console import StageConsole, Task, shown
-from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, resolve_path
+from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, atomic_write_text, resolve_path
 
 def run_step(console: StageConsole, label: str, cmd: list[str], log: Path, finished: str) -> None:
     """A data preparation or report process: its output to `log`, one line when it is done."""
@@ -92,7 +92,29 @@ def evaluate(cur: DictConfig, runs: list[StageRun], root: Path, console: StageCo
             out = write_aggregate([j.out_dir / "results.json" for j in jobs], [j.seed for j in jobs],
                                   root / "report" / name, note)
             reports.append(out / "report.md")
+    if per_entry:
+        reports.append(write_closing_report(cur, per_entry, root))
     return reports
+
+
+def write_closing_report(cur: DictConfig, per_entry: dict[str, list], root: Path) -> Path:
+    """report/report.md: the curriculum's `report_note`, then every entry's sections under a heading
+    that names the stage whose checkpoints it scored (entries may score different stages: the
+    perplexity of a language-modelling stage, recall after the long-context ones)."""
+    lines = [f"# {cur.name}: closing report", ""]
+    if cur.get("report_note"):
+        lines += [str(cur.report_note).strip(), ""]
+    for name, jobs in per_entry.items():
+        first = jobs[0]
+        src = root / "report" / name / "report.md"  # with seeds: the aggregate over them
+        text = src.read_text(encoding="utf-8")
+        body = text[text.find("\n## ") + 1:] if "\n## " in text else ""  # its suites' sections
+        lines += [f"## {name}: {first.a.model} vs {first.b.model}, checkpoints of stage {first.a.stage}", "",
+                  f"Full report with provenance: {shown(src)}", ""]
+        lines += [f"#{line}" if line.startswith("#") else line for line in body.rstrip().splitlines()] + [""]
+    out = root / "report" / "report.md"
+    atomic_write_text(out, "\n".join(lines))
+    return out
 
 
 def print_summary(console: StageConsole, summary: list[dict]) -> None:

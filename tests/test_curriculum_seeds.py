@@ -148,6 +148,8 @@ def test_tiny_curriculum_with_seeds_and_a_variant_end_to_end(tmp_path):
     assert sorted((s["seed"], s["model"]) for s in summary["stages"]) == [
         (0, "am_wd0"), (0, "anchormass_tiny"), (1, "am_wd0"), (1, "anchormass_tiny")]
     assert f"report: {root / 'report' / 'cmp' / 'report.md'}" in proc.stdout
+    closing = (root / "report" / "report.md").read_text()  # every entry under a heading naming its stage
+    assert "## cmp: anchormass_tiny vs am_wd0, checkpoints of stage pretrain_1k" in closing and "### ppl" in closing
     assert any(line.split()[:1] == ["seed"] for line in proc.stdout.splitlines())  # the table's seed column
 
 
