@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from anchormass.config_compose import compose_file, group_names
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
@@ -168,45 +169,15 @@ def _field_types() -> dict[str, Any]:
 
 
 def available_presets() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return group_names(CONFIG_DIR)
 
 
-def _preset_path(spec: "str | Path") -> Path:
-    path = Path(spec)
-    if path.suffix not in (".yaml", ".yml"):
-        path = CONFIG_DIR / f"{spec}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown model '{spec}': no {path}; presets: {', '.join(available_presets())}")
-    return path
+def read_preset(spec: "str | Path") -> dict[str, Any]:
+    """The fields of a preset (a name in configs/model/ or a YAML path) with its `defaults` list
+    applied, as Hydra composes the `model` group (anchormass/config_compose.py)."""
+    from omegaconf import OmegaConf
 
-
-def read_preset(spec: "str | Path", _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The fields of a preset YAML with its Hydra `defaults` list applied: each named preset (a file
-    beside it, else in configs/model/) in order, then the file's own fields (`_self_`, last unless
-    placed otherwise)."""
-    import yaml
-
-    path = _preset_path(spec)
-    if path in _seen:
-        raise ConfigError(f"model config {path}: its defaults list includes itself")
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"model config {path} must be a mapping")
-    data = dict(data)
-    defaults = data.pop("defaults", [])
-    if "_self_" not in defaults:
-        defaults = [*defaults, "_self_"]
-    merged: dict[str, Any] = {}
-    for entry in defaults:
-        if entry == "_self_":
-            merged.update(data)
-        elif isinstance(entry, str):
-            local = path.parent / f"{entry}.yaml"  # beside the file, else a preset of configs/model/
-            merged.update(read_preset(local if local.is_file() else entry, (*_seen, path)))
-        else:
-            raise ConfigError(f"model config {path}: defaults entries must be preset names, got {entry!r}")
-    return merged
+    return OmegaConf.to_container(compose_file(spec, CONFIG_DIR, "model"), resolve=True)
 
 
 def load_model_config(spec: "str | Path | Mapping[str, Any] | ModelConfig") -> ModelConfig:
