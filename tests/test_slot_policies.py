@@ -166,7 +166,7 @@ def test_policy_over_random_streams(name, budget, chunks, seed, batch):
                 assert (layer.slot_mass[b, :n1] > 0).all() and (layer.slot_mass[b, n1:] == 0).all()
         seen = torch.cat(first_keys, dim=2)[:, :, :cfg.n_sinks]
         for layer in cache.layers:  # sinks are the first S keys, untouched
-            assert torch.equal(layer.sink_k[:, :, :seen.shape[2]], seen)
+            assert torch.equal(layer.glob_k[:, :, :seen.shape[2]], seen)  # the buffer starts with the sinks
         masses = [m for per_layer in stats["mass"] for m in per_layer]
         if conserves or not fired:
             assert all(m == stats["tokens"] for m in masses)

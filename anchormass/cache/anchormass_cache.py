@@ -32,26 +32,20 @@ Stage 1 is the same `compress_blocks` the parallel path calls. Stage 2 runs in `
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from anchormass.cache.base import KVCache, LayerCache
+from anchormass.cache.chunk_masks import chunk_bias, global_position_masks, local_chunk_visible, ring_positions
 from anchormass.cache.slot_policies import SlotPolicy
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
 from anchormass.models.kernels.block_sdpa import sdpa_fp32_bias
-from anchormass.models.kernels.layout import slot_log_mass
+from anchormass.models.kernels.layout import offset_in_block, slot_log_mass
 
 # Queries per internal piece: bounds the [T, keys] masks of one very long chunk. Splitting a
 # chunk changes nothing: stage 2 only runs between model forwards.
 PIECE = 1024
-
-
-def _neg_inf_where_not(visible: torch.Tensor) -> torch.Tensor:
-    """bool -> float bias: 0 where visible, -inf elsewhere."""
-    return torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, -math.inf)
 
 
 class PrefillScratch:
@@ -142,10 +136,6 @@ class AnchorMassLayerCache(LayerCache):
     def slot_mass(self) -> torch.Tensor:  # [B, cap]
         return self.mass[:, self.slot0:]
 
-    @property
-    def sink_k(self) -> torch.Tensor:  # [B, Hg, S, D]
-        return self.glob_k[:, :, :self.cfg.n_sinks]
-
     def _ensure_capacity(self, needed: int) -> None:
         cap = self.capacity
         if needed <= cap:
@@ -197,17 +187,12 @@ class AnchorMassLayerCache(LayerCache):
         return out
 
     # local heads (docs/method.md §2.1: position t sees t - W < j <= t)
-    def _ring_positions(self, end: int, device) -> torch.Tensor:
-        """[W] position held by each ring slot once positions < end are written (negative = empty)."""
-        w = self.cfg.window
-        return end - 1 - torch.remainder(end - 1 - torch.arange(w, device=device), w)
-
     def _decode_local(self, q, k, v):
         p0, w = self.n_seen, self.cfg.window
         self.local_k[:, :, p0 % w] = k[:, :, 0].to(self.local_k.dtype)
         self.local_v[:, :, p0 % w] = v[:, :, 0].to(self.local_v.dtype)
         # After the write the ring holds exactly positions p0 - W + 1 .. p0 (those >= 0).
-        mask = None if p0 + 1 >= w else (self._ring_positions(p0 + 1, q.device) >= 0)[None]  # [1, W]
+        mask = None if p0 + 1 >= w else (ring_positions(p0 + 1, w, q.device) >= 0)[None]  # [1, W]
         return F.scaled_dot_product_attention(q, self.local_k.to(q.dtype), self.local_v.to(q.dtype), attn_mask=mask)
 
     def _chunk_local(self, q, k, v, pos):
@@ -215,9 +200,7 @@ class AnchorMassLayerCache(LayerCache):
         key = ("local", p0, pos.shape[0], q.device)
         visible = self.scratch.get(key)  # the same in every layer of this forward
         if visible is None:
-            key_pos = torch.cat([self._ring_positions(p0, q.device), pos])  # [W + T]
-            diff = pos[:, None] - key_pos[None, :]  # [T, W + T]
-            visible = (key_pos[None, :] >= 0) & (diff >= 0) & (diff < w)
+            visible = local_chunk_visible(p0, pos, w)  # [T, W + T]
             self.scratch.put(key, visible)
         keys = torch.cat([self.local_k.to(k.dtype), k], dim=2)  # [B, Hl, W + T, D]
         vals = torch.cat([self.local_v.to(v.dtype), v], dim=2)
@@ -237,7 +220,7 @@ class AnchorMassLayerCache(LayerCache):
         """One token: it is a sink or joins the tail; it sees every present entry (mass > 0)."""
         cfg, p0 = self.cfg, self.n_seen
         s, c = cfg.n_sinks, cfg.block_size
-        r0 = (p0 - s) % c if p0 >= s else 0
+        r0 = offset_in_block(p0, s, c)
         idx = p0 if p0 < s else s + r0
         self.glob_k[:, :, idx] = k[:, :, 0].to(self.glob_k.dtype)
         self.glob_v[:, :, idx] = v[:, :, 0].to(self.glob_v.dtype)
@@ -266,7 +249,7 @@ class AnchorMassLayerCache(LayerCache):
         # Stage, right after the stored slots, the raw stream from the start of the current
         # block (old tail + this piece's non-sink tokens) and then the slots of the blocks it
         # completes: the keys are then one contiguous slice of the buffer, no per-chunk cat.
-        r0 = (p0 - s) % c if p0 >= s else 0
+        r0 = offset_in_block(p0, s, c)
         n_raw = r0 + t - n_new_sink
         n_blocks = n_raw // c  # blocks this piece completes
         n_new = n_blocks * cfg.slots_per_block
@@ -299,38 +282,22 @@ class AnchorMassLayerCache(LayerCache):
         return out
 
     def _chunk_bias(self, b, t, raw0, new0, end, new_mass, dt) -> torch.Tensor:
-        """[B, T, end] additive bias over the keys glob[:end] of `_chunk_global`.
-
-        Columns: [0, S) sinks (visible up to the query's own position), [S, slot0) the tail
-        region (never: its tokens are staged in the raw stream), [slot0, raw0) the slots stored
-        before this piece (visible to every query: log mass), [raw0, new0) the raw stream
-        (same block, causal), [new0, end) new slots (blocks entirely before the query's, + log mass).
-        """
-        head, raw, new = self._position_masks(t, new0 - raw0, end - new0, dt)
-        bias = self.scratch.buffer(b * t * end, dt, head.device).view(b, t, end)
-        bias[:, :, :self.slot0] = head
-        bias[:, :, self.slot0:raw0] = self._mass_bias(self.mass[:, self.slot0:raw0])[:, None, :]
-        bias[:, :, raw0:new0] = raw
-        bias[:, :, new0:] = new + self._mass_bias(new_mass.float())[:, None, :]
-        return bias
+        """[B, T, end] additive bias over the keys glob[:end] of `_chunk_global` (see `chunk_masks.chunk_bias`),
+        built in the shared scratch buffer: a fresh allocation per layer and piece costs page faults on CPU."""
+        masks = self._position_masks(t, new0 - raw0, end - new0, dt)
+        out = self.scratch.buffer(b * t * end, dt, masks[0].device).view(b, t, end)
+        return chunk_bias(out, masks, self._mass_bias(self.mass[:, self.slot0:raw0]),
+                          self._mass_bias(new_mass.float()), raw0, new0)
 
     def _position_masks(self, t, n_raw, n_new, dt):
-        """The position-only parts of `_chunk_bias` ([T, slot0], [T, n_raw], [T, n_new]; 0 / -inf).
-        They depend on the piece's positions only, so the layers of one forward share them."""
+        """`chunk_masks.global_position_masks` of this piece, built once per forward: they depend on
+        the piece's positions only, so the layers of one forward share them."""
         cfg, p0, dev = self.cfg, self.n_seen, self.mass.device
         key = ("global", p0, t, n_raw, n_new, dt, dev)
         masks = self.scratch.get(key)
         if masks is None:
-            s, c = cfg.n_sinks, cfg.block_size
-            pos = torch.arange(p0, p0 + t, device=dev)  # [T]
-            raw_start = max(p0, s) - ((p0 - s) % c if p0 >= s else 0)  # a block start
-            q_block = torch.where(pos >= s, torch.div(pos - raw_start, c, rounding_mode="floor"), -1)  # [T]
-            head_vis = torch.arange(self.slot0, device=dev)[None, :] <= pos[:, None]  # [T, slot0]
-            head_vis[:, s:] = False
-            raw_i = torch.arange(n_raw, device=dev)
-            raw_vis = ((raw_i // c)[None, :] == q_block[:, None]) & ((raw_start + raw_i)[None, :] <= pos[:, None])
-            new_vis = (torch.arange(n_new, device=dev) // cfg.slots_per_block)[None, :] < q_block[:, None]
-            masks = tuple(_neg_inf_where_not(m).to(dt) for m in (head_vis, raw_vis, new_vis))
+            masks = global_position_masks(p0, t, n_raw, n_new, cfg.n_sinks, cfg.block_size,
+                                          cfg.slots_per_block, dt, dev)
             self.scratch.put(key, masks)
         return masks
 

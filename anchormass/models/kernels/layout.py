@@ -17,6 +17,11 @@ def block_of(pos: torch.Tensor, n_sinks: int, block_size: int) -> torch.Tensor:
     return torch.where(pos >= n_sinks, torch.div(pos - n_sinks, block_size, rounding_mode="floor"), -1)
 
 
+def offset_in_block(pos: int, n_sinks: int, block_size: int) -> int:
+    """How far position `pos` lies into its block: the raw tail tokens before it; 0 for sinks."""
+    return (pos - n_sinks) % block_size if pos >= n_sinks else 0
+
+
 def slot_log_mass(slot_mass: torch.Tensor, mass_bias: bool) -> torch.Tensor:
     """Additive logit term per slot, fp32: log(mass), or 0 when the bias is ablated; -inf for mass 0."""
     mass = slot_mass.float()
