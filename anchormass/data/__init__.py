@@ -21,11 +21,3 @@ def read_metadata(data_dir) -> dict[str, Any]:
 
     return _read(data_dir)
 
-
-def build_datamodule(data_dir, seq_len: int, global_batch_size: int, seed: int = 42, num_workers: int = 0,
-                     **kwargs: Any):
-    """The DataModule for a prepared folder: PretrainDataModule or SFTDataModule by its meta.json kind."""
-    from anchormass.data.datamodule import PretrainDataModule, SFTDataModule
-
-    cls = SFTDataModule if read_metadata(data_dir)["kind"] == "sft" else PretrainDataModule
-    return cls(data_dir, seq_len, global_batch_size, seed, num_workers, **kwargs)

@@ -14,9 +14,3 @@ def tiny_pretrain(out_dir: str | Path, seed: int = 3, n_docs: int = 10) -> Path:
                                                           "max_sentences": 60}},
                     "tokenizer": {"vocab_size": 400, "model_type": "bpe"}})[0]
 
-
-def tiny_chat(out_dir: str | Path, pretrain_dir: str | Path, n: int = 64) -> Path:
-    """An SFT folder of generated instructions using `pretrain_dir`'s tokenizer."""
-    return prepare({"name": Path(out_dir).name, "kind": "sft", "out_dir": str(out_dir), "val_fraction": 0.1,
-                    "source": {"kind": "demo_chat", "params": {"n": n, "seed": 0}},
-                    "tokenizer": {"path": str(Path(pretrain_dir) / "tokenizer.model")}})[0]
