@@ -1,5 +1,8 @@
 """generate(): greedy == repeated parallel argmax, sampling filters, eos, streaming callback, batches, policies."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from test_equivalence import model  # the shared random-init tiny models
@@ -65,6 +68,87 @@ def test_standard_kv_policies_generate(policy):
     m = model("standard_tiny")
     out = generate(m, prompts(m, 2, 150, seed=4), max_new_tokens=3, policy=policy, budget=48, chunk_size=64)
     assert out.shape == (2, 3) and out.min() >= 0 and out.max() < m.cfg.vocab_size
+
+
+def kept_positions(cache) -> list[torch.Tensor]:
+    """Per layer, the original positions the cache holds, [B, H, L]."""
+    return [layer.positions().long() for layer in cache.layers]
+
+
+def first_to_last(*ranges) -> torch.Tensor:
+    return torch.cat([torch.arange(a, b) for a, b in ranges])
+
+
+@torch.no_grad()
+def test_streaming_llm_keeps_the_sinks_and_the_recent_window():
+    """docs/method.md §3: after every forward, the first `sinks` positions and the latest budget - sinks."""
+    m = model("standard_tiny")
+    budget, sinks = 48, 4  # StreamingLLM's default sinks
+    ids = prompts(m, 2, 150, seed=4)
+    cache = new_cache(m, batch_size=2, policy="streaming_llm", budget=budget)
+    last = prefill(m, ids, cache, chunk_size=64)  # evicts after each of the chunks 64, 128, 150
+    for n in range(150, 154):
+        want = first_to_last((0, sinks), (n - (budget - sinks), n))
+        for pos in kept_positions(cache):
+            assert pos.shape == (2, m.cfg.n_heads, budget)
+            assert (pos == want).all()
+        m(last.argmax(-1, keepdim=True), cache=cache)
+
+
+def prompt_queries_and_keys(m, ids):
+    """Per layer (q, k) [B, H, P, D] post-RoPE, from a full (policy-free) cache prefilled in one chunk:
+    until its first eviction a policy's cache attends exactly like it."""
+    cache = new_cache(m, batch_size=ids.shape[0])
+    seen = []
+    for layer in cache.layers:
+        def spy(q, k, v, attend=layer.attend):
+            seen.append((q.float(), k.float()))
+            return attend(q, k, v)
+        layer.attend = spy
+    prefill(m, ids, cache, chunk_size=ids.shape[1])
+    return seen
+
+
+def causal_probs(q, k):
+    """fp32 softmax(q k^T / sqrt(D)) with query i (of the last Tq of L positions) seeing keys <= itself."""
+    tq, length = q.shape[2], k.shape[2]
+    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    future = torch.arange(length)[None, :] > torch.arange(length - tq, length)[:, None]
+    return logits.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+def top_in_order(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """The n highest scores' indices per row (ties: the earlier index), ascending; [..., N] -> [..., n]."""
+    flat = scores.reshape(-1, scores.shape[-1]).numpy()
+    rows = [np.sort(np.lexsort((np.arange(len(r)), -r))[:n]) for r in flat]
+    return torch.from_numpy(np.stack(rows)).view(*scores.shape[:-1], n)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("policy", ["snapkv", "h2o"])
+def test_score_policies_keep_the_positions_their_definition_selects(policy):
+    """docs/method.md §3, recomputed here from the prompt's queries and keys. H2O (prompt in one chunk):
+    the `budget // 2` latest positions plus the older ones with the highest attention column sums.
+    SnapKV: the last `window` = 32 positions plus the prefix positions with the highest votes of the
+    window queries, max-pooled over 7 neighbours."""
+    m = model("standard_tiny")
+    budget, p = 48, 150
+    ids = prompts(m, 2, p, seed=4)
+    cache = new_cache(m, batch_size=2, policy=policy, budget=budget)
+    prefill(m, ids, cache, chunk_size=p)
+    for pos, (q, k) in zip(kept_positions(cache), prompt_queries_and_keys(m, ids)):
+        if policy == "h2o":
+            recent = budget // 2
+            score = causal_probs(q, k).sum(dim=2)[..., :p - recent]  # [B, H, older]
+            heavy = top_in_order(score, budget - recent)
+            want = torch.cat([heavy, first_to_last((p - recent, p)).expand(*heavy.shape[:2], recent)], dim=-1)
+        else:
+            window, kernel = 32, 7
+            votes = causal_probs(q[:, :, -window:], k).sum(dim=2)[..., :p - window]  # [B, H, prefix]
+            pooled = torch.nn.functional.max_pool1d(votes, kernel, stride=1, padding=kernel // 2)
+            top = top_in_order(pooled, budget - window)
+            want = torch.cat([top, first_to_last((p - window, p)).expand(*top.shape[:2], window)], dim=-1)
+        assert torch.equal(pos, want)
 
 
 def test_eos_stops_and_pads_finished_sequences_and_callback_streams():
