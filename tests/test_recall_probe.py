@@ -61,13 +61,16 @@ def test_items_are_deterministic_and_held_out_differs_from_training():
 
 
 class Oracle(torch.nn.Module):
-    """Puts all mass on the true next token: a perfect recaller (it reads the answer)."""
+    """Puts all mass on the true next token: a perfect recaller (it reads the answer). Its hidden
+    state is the one-hot next token and its LM head the identity, as the probe's loss reads a model."""
 
     def __init__(self, vocab, ids):
         super().__init__()
         self.vocab, self.ids = vocab, ids
+        self.lm_head = torch.nn.Linear(vocab, vocab, bias=False)
+        torch.nn.init.eye_(self.lm_head.weight)
 
-    def forward(self, x):
+    def forward_hidden(self, x):
         nxt = self.ids[:, 1:x.shape[1] + 1]
         return torch.nn.functional.one_hot(nxt, self.vocab).float() * 50
 

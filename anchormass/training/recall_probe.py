@@ -14,6 +14,11 @@ one synthetic task, with a fixed held-out set, and records held-out recall accur
 
 The held-out items never occur in training (their own seed), so accuracy above chance is recall
 in context, not memorisation. Everything is seeded; one thread by default (noisy shared CPUs).
+
+The training pieces are the project's (anchormass/training/): AdamW over `optim.param_groups`,
+the lr of `optim.lr_factor` with `min_lr_ratio` 1 (linear warm-up, then constant: a probe measures
+when, not how well), and the Lightning module's loss (`loss.chunked_cross_entropy`, unscored
+targets = IGNORE_INDEX).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from anchormass.errors import ConfigError
+from anchormass.training.loss import IGNORE_INDEX, chunked_cross_entropy
+from anchormass.training.optim import lr_factor, param_groups
 
 TASKS = ("mqar", "copy")
 COPY_MARKS = (5, 6)  # the two marker ids around a segment's first saying (any ids below the range)
@@ -109,12 +115,13 @@ class RecallTask:
 
 
 def masked_loss_and_hits(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    logits = model(ids[:, :-1])
-    target = ids[:, 1:]
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="none").view_as(target)
-    m = mask.to(nll.dtype)
-    hits = int(((logits.argmax(-1) == target) & mask).sum())
-    return (nll * m).sum() / m.sum().clamp_min(1), hits, int(mask.sum())
+    """(mean CE over the masked targets, argmax hits among them, their count) for ids [B, T+1], mask [B, T]."""
+    hidden = model.forward_hidden(ids[:, :-1])  # [B, T, D]
+    targets = ids[:, 1:].masked_fill(~mask, IGNORE_INDEX)
+    loss, n = chunked_cross_entropy(hidden, model.lm_head, targets)
+    with torch.no_grad():
+        hits = int((model.lm_head(hidden).argmax(-1) == targets).sum())  # IGNORE_INDEX is never an argmax
+    return loss, hits, int(n)
 
 
 @torch.no_grad()
@@ -137,24 +144,22 @@ def train_probe(model, cfg: ProbeConfig, progress=None) -> list[dict]:
     torch.manual_seed(cfg.seed)
     # held-out items: their own seed stream, never drawn in training
     held_out = task.batch(cfg.seed + 1_000_003, 0, cfg.eval_items)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
+    # Linear warm-up, then constant (min_lr_ratio 1); warm-up may outlast a short probe.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg.warmup, cfg.steps, 1.0))
     records = [{"step": 0, "train_loss": math.nan, **evaluate(model, task, held_out, cfg.batch_size), "seconds": 0.0}]
     if progress is not None:
         progress(records[0])
     model.train()
     t0, losses = time.perf_counter(), []
     for step in range(1, cfg.steps + 1):
-        for group in opt.param_groups:  # linear warm-up, then constant: a probe measures when, not how well
-            group["lr"] = cfg.lr * min(1.0, step / max(cfg.warmup, 1))
         ids, mask = task.batch(cfg.seed, (step - 1) * cfg.batch_size, cfg.batch_size)
         loss, _, _ = masked_loss_and_hits(model, ids, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
         if step % cfg.eval_every == 0 or step == cfg.steps:
             rec = {"step": step, "train_loss": float(np.mean(losses)),
