@@ -35,7 +35,7 @@ def plot(records: list[dict], title: str, path: Path) -> None:
     ax.axhline(records[0]["chance"], color="grey", ls=":", label="chance")
     ax.set(xlabel="training step", ylabel="recall accuracy", ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
-    plots._save(fig, path)
+    plots.save_figure(fig, path)
 
 
 @exit_on_error

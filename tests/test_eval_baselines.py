@@ -11,7 +11,7 @@ import torch
 from anchormass.cache.kv_policies import SnapKV, attention_probs
 from anchormass.cache.standard_cache import StandardLayerCache
 from anchormass.eval.sessions import session_logprobs, standard_bytes_per_token
-from anchormass.eval.hitrate import HitRateProbe
+from anchormass.eval.suites.hitrate import HitRateProbe
 from anchormass.models import build_model
 
 B, H, D = 2, 3, 8
@@ -232,7 +232,7 @@ def test_stored_bytes_agree_with_the_independent_accounting(tiny_models):
 
 def test_matched_budget_charges_snapkv_for_fed_tokens_and_says_when_it_cannot():
     from anchormass.cache.kv_policies import H2O, SnapKV
-    from anchormass.eval.baselines import matched_budget
+    from anchormass.eval.methods import matched_budget
 
     assert matched_budget(H2O(), 71.6, fed=62) == (72, None)
     assert matched_budget(SnapKV(window=8), 71.6, fed=62) == (10, None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError
-from anchormass.eval.frontier import RecallFrontierSuite
+from anchormass.eval.suites.frontier import RecallFrontierSuite
 from anchormass.eval.runner import run_evaluation
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError, DataError
-from anchormass.eval.jcqa import choice_logliks, score_questions
+from anchormass.eval.suites.jcqa import choice_logliks, score_questions
 from anchormass.eval.jcqa_data import (
     TEMPLATE,
     build_prompt,
@@ -137,7 +137,7 @@ def test_continuations_are_the_joint_tokenisation_with_no_spurious_word_start(re
     """On all 1,119 validation questions: each scored continuation is exactly the tokens its text
     has after the prompt in the joint tokenisation; none starts with a lone "▁" unless that joint
     tokenisation has one there."""
-    import anchormass.eval.jcqa as jcqa
+    import anchormass.eval.suites.jcqa as jcqa
 
     template = resolve_template(preset)
     valid, train = read_jsonl(REAL / "valid-v1.3.json"), read_jsonl(REAL / "train-v1.3.json")

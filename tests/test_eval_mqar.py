@@ -13,10 +13,11 @@ from scipy import stats
 
 from anchormass.data.mqar import MQARVocab, make_item
 from anchormass.errors import ConfigError
-from anchormass.eval.mqar import MqarSuite, cached_predictions, distance_bucket, parallel_predictions
+from anchormass.eval.predictions import cached_predictions, parallel_predictions
 from anchormass.eval.runner import run_evaluation
 from anchormass.eval.stats import wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel
+from anchormass.eval.suites.mqar import MqarSuite, distance_bucket
 from anchormass.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +188,7 @@ def test_cached_mode_checks_the_policy_for_every_model_up_front(tiny):
 
 
 def test_out_of_memory_at_a_length_is_a_result(monkeypatch, tmp_path):
-    import anchormass.eval.mqar as mqar
+    import anchormass.eval.suites.mqar as mqar
 
     real = mqar.parallel_predictions
 

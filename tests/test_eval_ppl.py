@@ -4,9 +4,10 @@ import torch
 
 from anchormass.data.token_file import write_tokens
 from anchormass.errors import DataError
-from anchormass.eval.ppl import PplSuite, cached_target_logprobs, draw_anchors
 from anchormass.eval.common import target_logprobs
+from anchormass.eval.ppl_items import draw_anchors
 from anchormass.eval.suite import EvalContext, EvalModel
+from anchormass.eval.suites.ppl import PplSuite, cached_target_logprobs
 from anchormass.models import build_model
 from anchormass.models.config import load_model_config
 

@@ -7,8 +7,8 @@ from anchormass.eval.suite import Suite
 
 
 def test_every_registered_suite_imports_and_implements_the_interface():
-    assert set(registry.suite_names()) >= {"profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"}
-    for name in registry.suite_names():
+    assert set(registry.SUITES) >= {"profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"}
+    for name in registry.SUITES:
         suite = registry.make_suite(name, {})
         assert isinstance(suite, Suite) and suite.name == name
 
@@ -19,6 +19,13 @@ def test_unknown_suite_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown suite"):
         suite_list({"suite": "ppl,nope"})
     assert suite_list({"suite": "all", "all_suites": ["ppl", "jcqa"]}) == (["ppl", "jcqa"], True)
+
+
+def test_suite_all_is_the_registry_s_in_all_suites_in_registry_order():
+    # the list suite=all ran before the registry's in_all flags replaced runner.DEFAULT_ALL
+    assert registry.all_suites() == ["profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"]
+    assert suite_list({"suite": "all"}) == (registry.all_suites(), True)
+    assert suite_list({"suite": "all", "all_suites": None}) == (registry.all_suites(), True)
 
 
 def test_policies_asked_for_by_name_on_a_standard_model_is_an_error(tmp_path):

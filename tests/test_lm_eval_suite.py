@@ -81,7 +81,7 @@ def test_exported_folders_give_the_harness_the_same_scores(assets, tmp_path):
     from lm_eval.models.huggingface import HFLM
 
     from _hf_helpers import tiny_checkpoint
-    from anchormass.eval.lm_eval_suite import harness_model
+    from anchormass.eval.suites.lm_eval import harness_model
     from anchormass.eval.suite import EvalModel
     from anchormass.hf.export import export_checkpoint, load_source
     from anchormass.hf.lm_eval_tasks import task_specs

@@ -145,7 +145,7 @@ def _questions(n: int, seed: int) -> list[dict]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_jcqa_scores_do_not_depend_on_batch_size_or_order(name):
-    from anchormass.eval.jcqa import score_questions
+    from anchormass.eval.suites.jcqa import score_questions
     from anchormass.eval.jcqa_data import resolve_template, shots_per_question
 
     m = tiny(name, vocab=64, init_std=0.2)
@@ -177,7 +177,7 @@ def _eval_ctx(model, tmp_path=None, tokenizer=None):
 @pytest.mark.parametrize("name", NAMES)
 def test_perplexity_per_anchor_does_not_depend_on_batch_size_or_order(name, tmp_path):
     from anchormass.data.token_file import write_tokens
-    from anchormass.eval.ppl import PplSuite
+    from anchormass.eval.suites.ppl import PplSuite
 
     m = tiny(name, vocab=64)
     write_tokens(tmp_path / "val.bin", np.random.default_rng(0).integers(0, 64, size=3000), 64)
@@ -201,7 +201,8 @@ def test_perplexity_per_anchor_does_not_depend_on_batch_size_or_order(name, tmp_
 @pytest.mark.parametrize("name", NAMES)
 def test_mqar_per_query_does_not_depend_on_batch_size_or_order(name):
     from anchormass.data.mqar import MQARVocab, make_item
-    from anchormass.eval.mqar import MqarSuite, parallel_predictions
+    from anchormass.eval.predictions import parallel_predictions
+    from anchormass.eval.suites.mqar import MqarSuite
 
     m = tiny(name, vocab=600)
     ctx = _eval_ctx(m)
@@ -238,7 +239,7 @@ class DigitTokenizer(CharTokenizer):
 @pytest.mark.parametrize("name", NAMES)
 def test_passkey_outputs_do_not_depend_on_batch_size_or_order(name):
     from anchormass.eval.haystack import Haystack
-    from anchormass.eval.passkey import run_trials, trial_grid
+    from anchormass.eval.passkey_trials import run_trials, trial_grid
 
     m = tiny(name, vocab=110, init_std=0.2)
     tok = DigitTokenizer()

@@ -11,7 +11,7 @@ from anchormass.data.slot_recall import (TASKS, SlotRecallVocab, TaskSpec, asser
                                          training_examples, task_specs)
 from anchormass.errors import ConfigError
 from anchormass.eval.slot_probe import LayerView, probe_forward
-from anchormass.eval.slot_recall import score_batch
+from anchormass.eval.suites.slot_recall import score_batch
 from anchormass.models import build_model, load_model_config
 from anchormass.models.reference import reference_anchormass_attention
 
@@ -193,7 +193,7 @@ def _suite_result(tmp_path, name, **cfg):
 def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_one(tmp_path):
     """mode=cached runs every model through its cache under a policy and budget (the probes still read
     the parallel forward); a model scored under only some seeds is pooled over those and says so."""
-    from anchormass.eval.slot_recall_pool import pool_seeds
+    from anchormass.eval.suites.slot_recall_pool import pool_seeds
 
     cached = _suite_result(tmp_path, "c", mode="cached", policy="fifo", budget=16, kv_policy="streaming_llm", kv_budget=32, labels=["am", "std"])
     assert cached["mode"] == "cached" and cached["policy"] == "fifo" and len(cached["items"]) == 2 * (2 * 2 + 2)

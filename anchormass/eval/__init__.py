@@ -1,4 +1,4 @@
-"""Evaluation library (docs/method.md §6): one module per suite, a registry by name, one runner.
+"""Evaluation library (docs/method.md §6): one module per suite (suites/), a registry by name, one runner.
 
     from anchormass.eval.runner import run_evaluation   # evaluate.py, callbacks, curriculum report
     from anchormass.eval.suite import Suite, EvalContext, EvalModel  # the suite interface

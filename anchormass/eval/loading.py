@@ -40,8 +40,10 @@ def resolve_dtype(name: str | None) -> torch.dtype:
     return DTYPES[name]
 
 
-def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: torch.dtype,
-              seed: int) -> EvalModel | None:
+def load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: torch.dtype,
+             seed: int) -> EvalModel | None:
+    """One model from a checkpoint or a preset (random init, seeded); None when neither is given.
+    `role` names it in errors (e.g. "model A")."""
     if ckpt and preset:
         raise ConfigError(f"{role}: give a checkpoint or a model preset, not both")
     if ckpt:
@@ -76,10 +78,10 @@ def _load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: to
 
 def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[EvalModel]:
     seed = int(cfg.get("seed", 0))
-    a = _load_one(cfg.get("ckpt"), cfg.get("model"), "model A", device, dtype, seed)
+    a = load_one(cfg.get("ckpt"), cfg.get("model"), "model A", device, dtype, seed)
     if a is None:
         raise ConfigError("nothing to evaluate: pass ckpt=<path.ckpt> or model=<preset> (random init)")
-    b = _load_one(cfg.get("compare_ckpt"), cfg.get("compare_model"), "compare model", device, dtype, seed)
+    b = load_one(cfg.get("compare_ckpt"), cfg.get("compare_model"), "compare model", device, dtype, seed)
     models = [a] if b is None else [a, b]
     if b is not None and a.label == b.label:
         a.label, b.label = f"{a.label} (A)", f"{b.label} (B)"

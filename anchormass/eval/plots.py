@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 MIB = 1024 ** 2
 
 
-def _save(fig, path: Path) -> str:
+def save_figure(fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -50,7 +50,7 @@ def profile(result: dict, path: Path) -> str:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def annotated_heatmap(ax, grid: np.ndarray, max_cells: int = 400):
@@ -100,7 +100,7 @@ def policy_bars(result: dict, path: Path) -> str:
         ax.set_title(f"stage-2 policies at {result['length']:,} tokens: {lab}")
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def ppl_vs_context(result: dict, path: Path) -> str:
@@ -124,7 +124,7 @@ def ppl_vs_context(result: dict, path: Path) -> str:
     ax.set_ylabel("perplexity of the last targets")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def mqar_accuracy(result: dict, path: Path) -> str:
@@ -142,4 +142,4 @@ def mqar_accuracy(result: dict, path: Path) -> str:
     ax.set_title(f"MQAR ({result['mode']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

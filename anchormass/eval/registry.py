@@ -1,5 +1,6 @@
-"""Suites by name. Modules are imported when a suite is asked for, so a suite with heavy
-dependencies costs nothing to a run that does not use it."""
+"""Suites by name: the one list of suites. Modules are imported when a suite is asked for, so a
+suite with heavy dependencies costs nothing to a run that does not use it; `suite=all` runs the
+suites whose class sets `in_all`, in this order."""
 
 from __future__ import annotations
 
@@ -10,22 +11,18 @@ from anchormass.eval.suite import Suite
 
 # name -> "module:Class"
 SUITES: dict[str, str] = {
-    "profile": "anchormass.eval.profile:ProfileSuite",
-    "ppl": "anchormass.eval.ppl:PplSuite",
-    "passkey": "anchormass.eval.passkey:PasskeySuite",
-    "policies": "anchormass.eval.policies:PoliciesSuite",
-    "jcqa": "anchormass.eval.jcqa:JcqaSuite",
-    "hitrate": "anchormass.eval.hitrate:HitRateSuite",
-    "baselines": "anchormass.eval.baselines:BaselinesSuite",
-    "lm_eval": "anchormass.eval.lm_eval_suite:LmEvalSuite",
-    "recall_frontier": "anchormass.eval.frontier:RecallFrontierSuite",
-    "mqar": "anchormass.eval.mqar:MqarSuite",
-    "slot_recall": "anchormass.eval.slot_recall:SlotRecallSuite",
+    "profile": "anchormass.eval.suites.profile:ProfileSuite",
+    "ppl": "anchormass.eval.suites.ppl:PplSuite",
+    "passkey": "anchormass.eval.suites.passkey:PasskeySuite",
+    "policies": "anchormass.eval.suites.policies:PoliciesSuite",
+    "jcqa": "anchormass.eval.suites.jcqa:JcqaSuite",
+    "hitrate": "anchormass.eval.suites.hitrate:HitRateSuite",
+    "baselines": "anchormass.eval.suites.baselines:BaselinesSuite",
+    "lm_eval": "anchormass.eval.suites.lm_eval:LmEvalSuite",
+    "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
+    "mqar": "anchormass.eval.suites.mqar:MqarSuite",
+    "slot_recall": "anchormass.eval.suites.slot_recall:SlotRecallSuite",
 }
-
-
-def suite_names() -> list[str]:
-    return list(SUITES)
 
 
 def suite_class(name: str) -> type[Suite]:
@@ -37,3 +34,8 @@ def suite_class(name: str) -> type[Suite]:
 
 def make_suite(name: str, cfg: dict | None = None) -> Suite:
     return suite_class(name)(cfg)
+
+
+def all_suites() -> list[str]:
+    """The suites `suite=all` runs: those whose class sets `in_all`, in registry order."""
+    return [name for name in SUITES if suite_class(name).in_all]

@@ -24,9 +24,6 @@ from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sh
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 
-DEFAULT_ALL = ["profile", "ppl", "passkey", "policies", "jcqa", "hitrate", "baselines"]
-
-
 def to_plain(cfg: Any) -> dict:
     """DictConfig (resolved) or mapping -> plain dict."""
     from omegaconf import DictConfig, OmegaConf
@@ -41,7 +38,7 @@ def suite_list(cfg: dict) -> tuple[list[str], bool]:
     spec = cfg.get("suite") or "all"
     names = spec if isinstance(spec, list) else [s.strip() for s in str(spec).split(",") if s.strip()]
     if names == ["all"]:
-        return list(cfg.get("all_suites") or DEFAULT_ALL), True
+        return list(cfg.get("all_suites") or registry.all_suites()), True
     for n in names:
         registry.suite_class(n)  # unknown / missing -> ConfigError now
     return names, False

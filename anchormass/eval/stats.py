@@ -53,11 +53,6 @@ def sign_flip_p(d: np.ndarray) -> float:
     return float(min(1.0, sum(counts[extreme]) / 2 ** d.size))
 
 
-def wilcoxon_exact(diffs: Sequence[float]) -> float:
-    """The p-value of `wilcoxon_signed_rank` (exact for n <= MAX_PERMUTATION_N, ties or not)."""
-    return wilcoxon_signed_rank(diffs)[0]
-
-
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm step-down adjusted p-values, returned in the input order."""
     p = np.asarray(pvalues, dtype=np.float64)

@@ -78,6 +78,7 @@ class Suite:
 
     name: ClassVar[str] = "suite"
     needs_tokenizer: ClassVar[bool] = False
+    in_all: ClassVar[bool] = False  # run by suite=all (registry.all_suites); others only by name
 
     def __init__(self, cfg: dict | None = None):
         self.cfg = dict(cfg or {})

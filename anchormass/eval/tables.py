@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+KIB = 1024  # bytes per KiB: the unit of the reports' KV-memory columns
+
 
 def markdown(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """First column left-aligned, the rest right-aligned (they hold numbers)."""

@@ -34,27 +34,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anchormass.cache.kv_policies import POLICIES, KVPolicy
+from anchormass.cache.kv_policies import POLICIES
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import progress
+from anchormass.eval.methods import Method, matched_budget, prefill_chunk
+from anchormass.eval.passkey_trials import passkey_setup
+from anchormass.eval.ppl_items import PplItems, draw_anchors, ppl_items
 from anchormass.eval.sessions import needs_standard, session_decode, session_logprobs, standard_bytes_per_token
-from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.eval.suite import EvalContext, Suite
+from anchormass.eval.tables import KIB
 
-KIB = 1024
 BYTE_FIELDS = ("stored_prefill", "stored_end", "allocated_prefill", "allocated_peak")
-
-
-@dataclass
-class Method:
-    """One column of the comparison: a model plus a cache setting (and, on the recall frontier, the
-    budget level it belongs to: "full" or the AnchorMass slot budget as text)."""
-
-    name: str  # baselines: "anchormass" | "full" | a kv policy; frontier: "<arch>/<policy or full>"
-    model: EvalModel
-    policy: object = None
-    budget: int | None = None
-    level: str = "full"
 
 
 @dataclass
@@ -68,24 +59,9 @@ class Job:
     run: object  # Method -> dict
 
 
-def matched_budget(policy: KVPolicy, target_tokens: float, fed: int) -> tuple[int, str | None]:
-    """The per-head token budget whose stored tokens after the last one fed equal `target_tokens`,
-    and why it cannot be reached (None when it can): a bounded policy keeps its budget; an
-    unbounded one (SnapKV) keeps its budget of the prompt plus every token fed after it."""
-    want = round(target_tokens) - (0 if policy.bounded else fed)
-    last = f"the matched budget would be {want} tokens"
-    for budget in range(max(1, want), max(1, want) + 100_000):
-        try:
-            policy.bind(budget)
-        except ConfigError as err:
-            last = str(err)
-            continue
-        return budget, None if budget == want else f"budget raised to {budget}: {last}"
-    raise ConfigError(f"baselines: no valid budget for {policy.name} near {want}")
-
-
 class BaselinesSuite(Suite):
     name = "baselines"
+    in_all = True
 
     def applies(self, ctx: EvalContext) -> str | None:
         return needs_standard(ctx, "the KV-compression baselines run")
@@ -118,31 +94,29 @@ class BaselinesSuite(Suite):
             raise ConfigError("baselines: nothing to run (give a token file for ppl and/or a tokenizer for passkey)")
 
     def _check_ppl(self, ctx: EvalContext) -> None:
-        """Items from the ppl suite itself (anchors, contexts, targets), or seeded random tokens
-        when no token file is configured (random-init demos)."""
-        from anchormass.eval.ppl import PplSuite, draw_anchors
-
+        """The ppl suite's items (anchors, contexts, targets), or seeded random tokens when no token
+        file is configured (random-init demos)."""
         cfg = self.opt("ppl", {"contexts": [192], "target_len": 32, "n_anchors": 2})
         self.ppl, self.ppl_note = None, None
         if not cfg:
             return
         cfg = dict(cfg)
-        inner = PplSuite(cfg)
         if cfg.get("data") or ctx.data_dir is not None:
-            inner.check(ctx)  # validates lengths and data, records the file, draws the anchors
-            tokens, self.ppl_note = inner.tokens, "token file " + str(cfg.get("data") or ctx.data_dir)
+            items = ppl_items(cfg, ctx)  # validates lengths and data, records the file, draws the anchors
+            self.ppl_note = "token file " + str(cfg.get("data") or ctx.data_dir)
         else:
-            inner.contexts = [int(c) for c in cfg.get("contexts", [192])]
-            inner.target_len = int(cfg.get("target_len", 32))
-            for c in inner.contexts:
-                ctx.check_length(self.name, c + inner.target_len)
-            n = max(inner.contexts) + inner.target_len + 64 * int(cfg.get("n_anchors", 2))
+            contexts = [int(c) for c in cfg.get("contexts", [192])]
+            target_len = int(cfg.get("target_len", 32))
+            for c in contexts:
+                ctx.check_length(self.name, c + target_len)
+            n = max(contexts) + target_len + 64 * int(cfg.get("n_anchors", 2))
             tokens = np.random.default_rng(ctx.seed).integers(0, self.standard.config.vocab_size, n)
-            inner.anchors = draw_anchors(n, max(inner.contexts), inner.target_len, int(cfg.get("n_anchors", 2)),
-                                         int(cfg.get("anchor_seed", 0)))
+            anchors = draw_anchors(n, max(contexts), target_len, int(cfg.get("n_anchors", 2)),
+                                   int(cfg.get("anchor_seed", 0)))
+            items = PplItems(tokens=tokens, anchors=anchors, contexts=contexts, target_len=target_len)
             self.ppl_note = "seeded random tokens (no token file given)"
-        self.ppl = {"tokens": tokens, "anchors": inner.anchors, "contexts": inner.contexts,
-                    "target_len": inner.target_len}
+        self.ppl = {"tokens": items.tokens, "anchors": items.anchors, "contexts": items.contexts,
+                    "target_len": items.target_len}
 
     def _check_passkey(self, ctx: EvalContext) -> None:
         cfg = self.opt("passkey", {"lengths": [256], "depths": [0.1, 0.5, 0.9], "seeds": [0], "new_tokens": 8})
@@ -152,19 +126,14 @@ class BaselinesSuite(Suite):
         if ctx.tokenizer is None:
             self.passkey_note = "skipped: no tokenizer"
             return
-        from anchormass.eval.passkey import passkey_setup
-
         cfg = {"depths": [0.1, 0.5, 0.9], "seeds": [0], **cfg}
         hay, trials, new_tokens = passkey_setup(self.name, cfg, ctx, cfg.get("lengths", [256]))
         self.passkey = {"haystack": hay, "trials": trials, "new_tokens": new_tokens}
 
     # --------------------------------------------------------------- running
-    def _chunk(self, m: EvalModel) -> int:
-        return self.chunk or m.config.prefill_chunk
-
     def _ppl_item(self, method: Method, ids: torch.Tensor, context: int) -> dict:
-        lp, kv = session_logprobs(method.model.model, ids, context, self._chunk(method.model), self.score_chunk,
-                                  method.policy, method.budget)
+        chunk = prefill_chunk(self.chunk, method.model)
+        lp, kv = session_logprobs(method.model.model, ids, context, chunk, self.score_chunk, method.policy, method.budget)
         nll = float(-lp.mean())
         return {"nll": nll, "ppl": math.exp(nll), **kv.as_dict()}
 
@@ -174,8 +143,9 @@ class BaselinesSuite(Suite):
         model = method.model.model
         tok = self.passkey["haystack"].tok
         ids = torch.tensor([self.passkey["haystack"].build(trial)], device=next(model.parameters()).device)
-        out, kv = session_decode(model, ids, self.passkey["new_tokens"], self._chunk(method.model), method.policy,
-                                 method.budget, vocab_limit=tok.vocab_size)
+        chunk = prefill_chunk(self.chunk, method.model)
+        out, kv = session_decode(model, ids, self.passkey["new_tokens"], chunk, method.policy, method.budget,
+                                 vocab_limit=tok.vocab_size)
         text = tok.decode(out[0].tolist())
         return {**score_answer(text, trial.key), "text": text, **kv.as_dict()}
 
@@ -309,7 +279,7 @@ class BaselinesSuite(Suite):
 def score_vs_bytes(result: dict, path: Path) -> str:
     """One panel per task: score against stored KV KiB after the last token; colour = method,
     marker = length."""
-    from anchormass.eval.plots import _save, plt
+    from anchormass.eval.plots import save_figure, plt
 
     tasks = [t for t in ("ppl", "passkey") if any(r["task"] == t for r in result["rows"])]
     methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
@@ -335,6 +305,6 @@ def score_vs_bytes(result: dict, path: Path) -> str:
         ax.set_title(f"{task}: score vs stored KV bytes")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 

@@ -29,15 +29,15 @@ from anchormass.data.mqar import MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.answers import score_answer
-from anchormass.eval.baselines import Method, matched_budget
 from anchormass.eval.common import fmt_p, progress
-from anchormass.eval.mqar import cached_predictions
-from anchormass.eval.passkey import passkey_setup
+from anchormass.eval.methods import Method, matched_budget, prefill_chunk
+from anchormass.eval.passkey_trials import passkey_setup
+from anchormass.eval.predictions import cached_predictions
 from anchormass.eval.sessions import session_decode, standard_bytes_per_token
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
-from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.eval.suite import EvalContext, Suite
+from anchormass.eval.tables import KIB
 
-KIB = 1024
 TASKS = ("passkey", "mqar")
 
 
@@ -101,9 +101,6 @@ class RecallFrontierSuite(Suite):
                           for i in range(n_items)] for L in self.lengths}
 
     # --------------------------------------------------------------- running
-    def _chunk(self, m: EvalModel) -> int:
-        return int(self.chunk) if self.chunk else m.config.prefill_chunk
-
     def _batches(self, method: Method, items: list, ids_of, score) -> tuple[list[dict], float]:
         """Runs `items` through the method's cache in batches: ids_of(batch) -> prompt ids, and
         score(batch, model, ids) -> (outcomes, session bytes). Returns every outcome and the mean
@@ -122,8 +119,9 @@ class RecallFrontierSuite(Suite):
         tok = self.hay.tok
 
         def score(batch, ids):
-            new, kv = session_decode(method.model.model, ids, self.new_tokens, self._chunk(method.model),
-                                     method.policy, method.budget, vocab_limit=tok.vocab_size)
+            chunk = prefill_chunk(self.chunk, method.model)
+            new, kv = session_decode(method.model.model, ids, self.new_tokens, chunk, method.policy, method.budget,
+                                     vocab_limit=tok.vocab_size)
             return [{"item": f"d{t.depth}/s{t.seed}", "correct": bool(score_answer(tok.decode(row), t.key)["exact"])}
                     for t, row in zip(batch, new.tolist())], kv
 
@@ -135,7 +133,7 @@ class RecallFrontierSuite(Suite):
 
         def score(batch, ids):
             pred, kv = cached_predictions(method.model.model, ids, batch[0].context_len, positions,
-                                          self._chunk(method.model), method.policy, method.budget)
+                                          prefill_chunk(self.chunk, method.model), method.policy, method.budget)
             return [{"item": f"{it.index}/q{q}", "correct": bool(p == v)}
                     for it, row in zip(batch, pred.tolist()) for q, (p, v) in enumerate(zip(row, it.values))], kv
 
@@ -283,7 +281,7 @@ def _markdown(rows: list[dict], settings: dict, seeds: list) -> str:
 def frontier_plot(rows: list[dict], path: Path) -> str:
     """Rows: task; columns: length. Recall (y) against stored KV KiB (x, log): one line per method
     across budget levels; the full caches as stars."""
-    from anchormass.eval.plots import _save, plt
+    from anchormass.eval.plots import save_figure, plt
 
     lengths = sorted({r["length"] for r in rows})
     methods = sorted({r["method"] for r in rows if not r["method"].endswith("/full")})
@@ -312,4 +310,4 @@ def frontier_plot(rows: list[dict], path: Path) -> str:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return _save(fig, path)
+    return save_figure(fig, path)

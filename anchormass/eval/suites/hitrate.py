@@ -84,6 +84,7 @@ def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int, c
 
 class HitRateSuite(Suite):
     name = "hitrate"
+    in_all = True
 
     def applies(self, ctx: EvalContext) -> str | None:
         return needs_standard(ctx, "the SnapKV hit rate is measured")
@@ -221,7 +222,7 @@ def overview(rate: np.ndarray) -> dict:
 
 def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
     """Layers (rows) x heads (columns), hit rate in [0, 1]."""
-    from anchormass.eval.plots import _save, annotated_heatmap, plt
+    from anchormass.eval.plots import save_figure, annotated_heatmap, plt
 
     n_layers, n_heads = rate.shape
     fig, ax = plt.subplots(figsize=(0.6 * n_heads + 2.5, 0.4 * n_layers + 1.8))
@@ -232,4 +233,4 @@ def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
     ax.set_ylabel("layer")
     ax.set_title(f"SnapKV hit rate: {label}")
     fig.colorbar(im, ax=ax, shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)

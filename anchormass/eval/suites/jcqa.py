@@ -86,6 +86,7 @@ def score_questions(model, tokenizer, questions: list[dict], shots: list[list[di
 
 class JcqaSuite(Suite):
     name = "jcqa"
+    in_all = True
     needs_tokenizer = True
 
     def applies(self, ctx: EvalContext) -> str | None:

@@ -22,28 +22,10 @@ from anchormass.data.mqar import MQARItem, MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
 from anchormass.eval import plots, tables
 from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
-from anchormass.eval.sessions import session_argmax
+from anchormass.eval.predictions import cached_predictions, parallel_predictions
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-
-KIB = 1024
-
-
-@torch.no_grad()
-def parallel_predictions(model, ids: torch.Tensor, positions: list[int]) -> torch.Tensor:
-    """Argmax next token at `positions` [n] of every row of ids [B, T]: [B, n]. Only those rows go
-    through the LM head."""
-    hidden = model.forward_hidden(ids)[:, positions]
-    return model.lm_head(hidden).argmax(-1)
-
-
-def cached_predictions(model, ids: torch.Tensor, context_len: int, positions: list[int], chunk,
-                       policy=None, budget=None):
-    """The same predictions through a cache session; (predictions [B, n], KVBytes)."""
-    start = context_len - 1
-    pred, meter = session_argmax(model, ids, start, model.cfg.prefill_chunk if chunk is None else int(chunk), 1,
-                                 policy, budget)
-    return pred[:, [p - start for p in positions]], meter
+from anchormass.eval.tables import KIB
 
 
 def distance_bucket(d: int) -> int:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from anchormass.errors import ConfigError
 from anchormass.eval import plots, tables
-from anchormass.eval.passkey import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.models.config import SLOT_POLICIES
 
 
 class PoliciesSuite(Suite):
     name = "policies"
+    in_all = True
     needs_tokenizer = True
 
     def applies(self, ctx: EvalContext) -> str | None:

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anchormass.errors import ConfigError, DataError
 from anchormass.eval import plots, tables
 from anchormass.eval.common import (
     OOM,
@@ -33,20 +32,10 @@ from anchormass.eval.common import (
     progress,
     target_logprobs,
 )
-from anchormass.eval.stats import paired_nll_by_length
+from anchormass.eval.ppl_items import ppl_items
 from anchormass.eval.sessions import session_logprobs
+from anchormass.eval.stats import paired_nll_by_length
 from anchormass.eval.suite import EvalContext, Suite
-
-
-def draw_anchors(n_tokens: int, lo: int, target_len: int, n: int, seed: int) -> list[int]:
-    """n anchors in [lo, n_tokens - target_len], one per equal stratum: deterministic, spread out."""
-    hi = n_tokens - target_len  # inclusive
-    if hi - lo + 1 < n:
-        raise DataError(f"ppl: token file has {n_tokens} tokens; {n} anchors need contexts of {lo} plus "
-                        f"{target_len} targets each (at least {lo + target_len + n - 1} tokens)")
-    rng = np.random.default_rng(seed)
-    edges = np.linspace(lo, hi + 1, n + 1).astype(np.int64)
-    return [int(rng.integers(edges[i], max(edges[i] + 1, edges[i + 1]))) for i in range(n)]
 
 
 def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, policy=None, budget=None) -> torch.Tensor:
@@ -58,48 +47,17 @@ def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, pol
 
 class PplSuite(Suite):
     name = "ppl"
+    in_all = True
 
     def applies(self, ctx: EvalContext) -> str | None:
         if not self.opt("data") and ctx.data_dir is None:
             return "no token file: pass eval.ppl.data=<val.bin> or data_dir=<folder with val.bin>"
         return None
 
-    def _data_path(self, ctx: EvalContext) -> Path:
-        if self.opt("data"):
-            return Path(str(self.opt("data"))).expanduser()
-        if ctx.data_dir is not None:
-            return Path(ctx.data_dir) / "val.bin"
-        raise ConfigError("ppl needs a token file: eval.ppl.data=<val.bin> or data_dir=<folder>")
-
     def check(self, ctx: EvalContext) -> None:
-        from anchormass.data.token_file import open_tokens, read_sidecar
-
-        self.contexts = [int(c) for c in self.opt("contexts", [0, 1024, 3072, 7168, 15360, 31744])]
-        self.target_len = int(self.opt("target_len", 1024))
-        if self.target_len < 2 or any(c < 0 for c in self.contexts) or not self.contexts:
-            raise ConfigError("ppl: target_len must be >= 2 and contexts non-empty and >= 0")
-        if self.opt("mode", "parallel") not in ("parallel", "cached"):
-            raise ConfigError(f"ppl.mode must be parallel or cached, got {self.opt('mode')!r}")
-        for c in self.contexts:
-            ctx.check_length("ppl", c + self.target_len)
-        path = self._data_path(ctx)
-        meta = read_sidecar(path)
-        for m in ctx.models:
-            if int(meta["vocab_size"]) > m.config.vocab_size:
-                raise DataError(f"ppl: {path.name} has vocab {meta['vocab_size']} but model '{m.label}' only "
-                                f"{m.config.vocab_size}: data and checkpoint do not match")
-        want = getattr(ctx.tokenizer, "checksum", None)
-        self.tokens = open_tokens(path, tokenizer_checksum=want if meta.get("tokenizer_checksum") else None)
-        ctx.record_data("ppl", path)
-        lo = max(self.contexts)
-        if self.opt("anchors"):
-            self.anchors = [int(a) for a in self.opt("anchors")]
-            bad = [a for a in self.anchors if a < lo or a + self.target_len > len(self.tokens)]
-            if bad:
-                raise DataError(f"ppl: anchors {bad} fall outside [{lo}, {len(self.tokens) - self.target_len}]")
-        else:
-            self.anchors = draw_anchors(len(self.tokens), lo, self.target_len, int(self.opt("n_anchors", 10)),
-                                        int(self.opt("anchor_seed", 0)))
+        items = ppl_items(self.cfg, ctx)
+        self.contexts, self.target_len, self.tokens, self.anchors = (items.contexts, items.target_len, items.tokens,
+                                                                     items.anchors)
 
     def _score(self, model, ids: torch.Tensor, c: int) -> torch.Tensor:
         if self.opt("mode", "parallel") == "cached":

@@ -24,6 +24,7 @@ MIB, GIB = 1024 ** 2, 1024 ** 3
 
 class ProfileSuite(Suite):
     name = "profile"
+    in_all = True
 
     def check(self, ctx: EvalContext) -> None:
         self.lengths = [int(L) for L in self.opt("lengths", [4096, 8192, 16384, 32768, 65536, 131072, 262144])]

@@ -32,10 +32,11 @@ from anchormass.data.slot_recall import TASKS, SlotRecallVocab, TaskSpec, make_i
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import fmt_p, progress
-from anchormass.eval.mqar import cached_predictions, parallel_predictions
+from anchormass.eval.predictions import cached_predictions, parallel_predictions
 from anchormass.eval.slot_probe import KEPT, STATUSES, LayerView, probe_forward
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.eval.suites.slot_recall_format import fmt_share, mean_present, status_text
 
 STEP_CKPT = re.compile(r"step-(\d+)\.ckpt$")
 
@@ -43,11 +44,6 @@ STEP_CKPT = re.compile(r"step-(\d+)\.ckpt$")
 def _rate(k: int, n: int) -> dict:
     lo, hi = wilson_interval(k, n)
     return {"correct": k, "n": n, "acc": k / n if n else float("nan"), "ci": [lo, hi]}
-
-
-def _mean(xs) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return float(np.mean(xs)) if xs else None
 
 
 def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, probe: bool = True) -> list[dict]:
@@ -99,8 +95,8 @@ def cell_summary(records: list[dict], n_layers: int) -> dict:
             total = sum(counts.values())
             layers.append({"status": {s: c / total for s, c in counts.items() if c} if total else {},
                            "all_kept": float(np.mean([r["layers"][li]["all_kept"] for r in probed])),
-                           "attn": _mean(r["layers"][li]["attn"] for r in probed),
-                           "emit": _mean(r["layers"][li]["emit"] for r in probed)})
+                           "attn": mean_present(r["layers"][li]["attn"] for r in probed),
+                           "emit": mean_present(r["layers"][li]["emit"] for r in probed)})
         out["layers"] = layers
         kept = [r for r in probed if r["layers"][-1]["all_kept"]]
         out["acc_if_kept_last_layer"] = _rate(sum(r["correct"] for r in kept), len(kept))
@@ -177,7 +173,7 @@ class SlotRecallSuite(Suite):
 
     def _load_also(self, ctx: EvalContext, entry) -> EvalModel | None:
         """An extra model: {label, run | ckpt, optional}; an optional one that is not there is left out."""
-        from anchormass.eval.loading import _load_one
+        from anchormass.eval.loading import load_one
 
         entry = dict(entry or {})
         if not entry.get("label") or bool(entry.get("run")) == bool(entry.get("ckpt")):
@@ -187,7 +183,7 @@ class SlotRecallSuite(Suite):
             self.left_out.append(f"{entry['label']} (no {path})")
             return None
         dtype = next(ctx.models[0].model.parameters()).dtype
-        m = _load_one(str(path), None, f"slot_recall.also {entry['label']}", ctx.device, dtype, ctx.seed)
+        m = load_one(str(path), None, f"slot_recall.also {entry['label']}", ctx.device, dtype, ctx.seed)
         m.label = str(entry["label"])
         return m
 
@@ -264,7 +260,7 @@ class SlotRecallSuite(Suite):
         return render_table(result["labels"], result["cells"], result["models"], result) + curve_note(result) + note
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        from anchormass.eval.slot_recall_plots import learning_curves, recall_by_model
+        from anchormass.eval.suites.slot_recall_plots import learning_curves, recall_by_model
 
         out = [recall_by_model(result["labels"], result["cells"], out_dir / "slot_recall_by_model.png")]
         if result.get("curves"):
@@ -273,22 +269,9 @@ class SlotRecallSuite(Suite):
 
     @classmethod
     def aggregate(cls, per_seed: list[dict], seeds: list[int]) -> dict:
-        from anchormass.eval.slot_recall_pool import pool_seeds
+        from anchormass.eval.suites.slot_recall_pool import pool_seeds
 
         return pool_seeds(per_seed, seeds)
-
-
-def _status_text(layers: list[dict]) -> str:
-    """Answer copies over the global layers: outlier / anchor / averaged (exact, raw when present)."""
-    if not layers:
-        return "-"
-    mean = {s: float(np.mean([lay["status"].get(s, 0.0) for lay in layers])) for s in STATUSES}
-    return " / ".join(f"{100 * mean[s]:.0f}" for s in ("outlier", "anchor", "averaged")) + "".join(
-        f" ({s} {100 * mean[s]:.0f})" for s in ("exact", "raw") if mean[s])
-
-
-def _fmt(x, pct=True) -> str:
-    return "-" if x is None else (f"{100 * x:.1f}%" if pct else f"{x:.3f}")
 
 
 def render_table(labels, cells, models, result) -> str:
@@ -300,13 +283,13 @@ def render_table(labels, cells, models, result) -> str:
         for lab in labels:
             s = c[lab]
             layers = s.get("layers") or []
-            emit = _mean(lay["emit"] for lay in layers)
+            emit = mean_present(lay["emit"] for lay in layers)
             paired = (c.get("paired") or {}).get(lab)
             body.append([c["task"], f"{c['length'] - 1:,}", lab,
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
                          "-" if paired is None else f"{paired['b']}/{paired['c']} (p {fmt_p(paired['p'])})",
-                         _status_text(layers), _fmt(layers[-1]["all_kept"]) if layers else "-",
-                         _fmt(_mean(lay["attn"] for lay in layers)), _fmt(emit)])
+                         status_text(layers), fmt_share(layers[-1]["all_kept"]) if layers else "-",
+                         fmt_share(mean_present(lay["attn"] for lay in layers)), fmt_share(emit)])
     setting = f"mode: {result['mode']}"
     if result["mode"] == "cached":
         setting += (f", AnchorMass policy / budget: {result['policy'] or 'default'} / {result['budget'] or 'default'}, "
@@ -316,7 +299,7 @@ def render_table(labels, cells, models, result) -> str:
         for lab in labels:
             layers = c[lab].get("layers") or []
             per_layer.append(f"- {c['task']} {lab}: " + "; ".join(
-                f"L{i}: {_fmt(lay['attn'])} / {_fmt(lay['emit'])} / {_fmt(lay['all_kept'])}"
+                f"L{i}: {fmt_share(lay['attn'])} / {fmt_share(lay['emit'])} / {fmt_share(lay['all_kept'])}"
                 for i, lay in enumerate(layers)))
     return ("## Recall through slots (the slot-recall ladder)\n\n" + tables.markdown(head, body) +
             f"\n{setting}; {result['n_items']} held-out items per task (split `eval`, seed {result['seed']}); a "

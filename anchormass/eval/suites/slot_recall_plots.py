@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anchormass.eval.plots import _save, plt
+from anchormass.eval.plots import save_figure, plt
 
 
 def recall_by_model(labels, cells, path: Path, shapes: dict | None = None) -> str:
@@ -23,7 +23,7 @@ def recall_by_model(labels, cells, path: Path, shapes: dict | None = None) -> st
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{c['task']} ({c['length'] - 1} tokens)")
         ax.set_ylabel("held-out exact accuracy")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _curve_axes(keys):
@@ -45,7 +45,7 @@ def learning_curves(curves: dict, path: Path) -> str:
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.05)
     next(iter(axes.values())).legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def pooled_curves(labels, cells, path: Path) -> str:
@@ -61,4 +61,4 @@ def pooled_curves(labels, cells, path: Path) -> str:
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.05)
     next(iter(axes.values())).legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

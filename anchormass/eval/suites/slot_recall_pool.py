@@ -16,8 +16,8 @@ from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.aggregate import scalar_stats
 from anchormass.eval.common import fmt_p
-from anchormass.eval.slot_recall import _fmt, _mean, _status_text
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
+from anchormass.eval.suites.slot_recall_format import fmt_share, mean_present, status_text
 
 CONTROL_BAR = 0.8  # a lossless control below this has not learned the task: the cell is no result
 
@@ -64,8 +64,8 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
             per = [res["cells"][ci][lab] for res in per_seed if lab in res["labels"]]
             k, n = sum(p["correct"] for p in per), sum(p["n"] for p in per)
             n_layers = len(per[0].get("layers") or [])
-            layers = [{m: _mean(p["layers"][li][m] for p in per) for m in ("attn", "emit", "all_kept")}
-                      | {"status": {s: _mean(p["layers"][li]["status"].get(s, 0.0) for p in per)
+            layers = [{m: mean_present(p["layers"][li][m] for p in per) for m in ("attn", "emit", "all_kept")}
+                      | {"status": {s: mean_present(p["layers"][li]["status"].get(s, 0.0) for p in per)
                                     for s in per[0]["layers"][li]["status"]}} for li in range(n_layers)]
             common = sorted(set(pairs[labels[0]]) & set(pairs[lab]))
             curve = mean_curves(per_seed, lab).get(key, [])
@@ -105,8 +105,8 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
             body.append([c["task"], shape_of(models[lab]), lab, f"{100 * acc['mean']:.1f} ± {std}" + (f" ({s['n_seeds']} seed)" if s["n_seeds"] < len(seeds) else ""),
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
                          "-" if s["paired"] is None else f"{s['paired']['b']}/{s['paired']['c']} ({fmt_p(s['paired']['p'])})",
-                         _status_text(layers), _fmt(layers[-1]["all_kept"]) if layers else "-",
-                         _fmt(_mean(lay["attn"] for lay in layers)), _fmt(_mean(lay["emit"] for lay in layers)),
+                         status_text(layers), fmt_share(layers[-1]["all_kept"]) if layers else "-",
+                         fmt_share(mean_present(lay["attn"] for lay in layers)), fmt_share(mean_present(lay["emit"] for lay in layers)),
                          f"{s['step_50'] if s['step_50'] is not None else '-'} / "
                          f"{s['step_80'] if s['step_80'] is not None else '-'}", verdict,
                          "; ".join(f"{c}: {m['b']}/{m['c']} ({fmt_p(m['p'])})" for c, m in s["vs_controls"].items())
@@ -123,7 +123,7 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
 
 
 def _plots(labels, models, cells, out_dir) -> list[str]:
-    from anchormass.eval.slot_recall_plots import pooled_curves, recall_by_model
+    from anchormass.eval.suites.slot_recall_plots import pooled_curves, recall_by_model
 
     flat = [{"task": c["task"], "length": c["length"],
              **{lab: {"acc": c[lab]["correct"] / max(1, c[lab]["n"]), "ci": c[lab]["ci"]} for lab in labels}}

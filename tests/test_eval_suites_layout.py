@@ -1,0 +1,101 @@
+"""The layout of anchormass/eval: one module per suite under eval/suites/, named by the registry;
+no suite module imports another (what several share lives beside the framework in eval/), and no
+module imports a private name of another. Imports are read from the source (ast), lazy ones inside
+functions included, so nothing is executed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from anchormass.eval.registry import SUITES
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES_DIR = ROOT / "anchormass" / "eval" / "suites"
+SUITE_MODULES = {target.split(":")[0] for target in SUITES.values()}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts)
+
+
+def imported_modules(path: Path, root: Path) -> set[str]:
+    """Dotted names the file imports: `import a.b` -> a.b; `from a import b` -> a and a.b (b may be a module)."""
+    package = _module_name(path, root).split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            stem = ".".join(base + ([node.module] if node.module else []))
+            found.add(stem)
+            found.update(f"{stem}.{alias.name}" for alias in node.names)
+    return found
+
+
+def suite_import_violations(suites_dir: Path, suite_modules: set[str], root: Path) -> list[str]:
+    """One line per import of a suite module by a module under suites_dir (its own aside)."""
+    problems = []
+    for path in sorted(suites_dir.rglob("*.py")):
+        own = _module_name(path, root)
+        for name in sorted(imported_modules(path, root)):
+            if name in suite_modules and name != own:
+                problems.append(f"{path.relative_to(root)} imports the suite module {name}")
+    return problems
+
+
+def private_name_imports(paths: list[Path], root: Path) -> list[str]:
+    """One line per `from m import _x`, or `m._x` on an imported module m, of a name private to m."""
+    problems = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        modules = set()  # names bound to imported modules (or what may be one: `from pkg import mod`)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        problems.append(f"{path.relative_to(root)}: from {node.module} import {alias.name}")
+                    modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                modules.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                problems.append(f"{path.relative_to(root)}: {node.value.id}.{node.attr}")
+    return problems
+
+
+def test_every_registered_suite_lives_in_eval_suites():
+    for module in SUITE_MODULES:
+        assert module.startswith("anchormass.eval.suites."), module
+        assert (ROOT / Path(*module.split("."))).with_suffix(".py").is_file(), module
+
+
+def test_no_suite_module_imports_another():
+    problems = suite_import_violations(SUITES_DIR, SUITE_MODULES, ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    paths = sorted((ROOT / "anchormass" / "eval").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+    problems = private_name_imports(paths, ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checks_catch_a_suite_importing_a_suite_and_a_private_import(tmp_path):
+    suites = tmp_path / "anchormass" / "eval" / "suites"
+    suites.mkdir(parents=True)
+    (suites / "a.py").write_text("from anchormass.eval.stats import holm\n")
+    (suites / "b.py").write_text("def f():\n    from anchormass.eval.suites.a import X\n")
+    (suites / "c.py").write_text("from . import a\nfrom anchormass.eval.plots import _save\n")
+    (suites / "d.py").write_text("from anchormass.eval import plots\nplots._save(None, None)\n")
+    modules = {"anchormass.eval.suites.a", "anchormass.eval.suites.b"}
+    assert suite_import_violations(suites, modules, tmp_path) == [
+        "anchormass/eval/suites/b.py imports the suite module anchormass.eval.suites.a",
+        "anchormass/eval/suites/c.py imports the suite module anchormass.eval.suites.a",
+    ]
+    assert private_name_imports(sorted(suites.glob("*.py")), tmp_path) == [
+        "anchormass/eval/suites/c.py: from anchormass.eval.plots import _save",
+        "anchormass/eval/suites/d.py: plots._save",
+    ]
