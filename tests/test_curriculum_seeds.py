@@ -6,7 +6,9 @@ from omegaconf import OmegaConf
 
 from _train_helpers import CONFIG_DIR
 from anchormass.errors import ConfigError
-from anchormass.training.curriculum import check_curriculum, evaluate_pairs, plan, report_jobs
+from anchormass.curriculum.closing import report_jobs
+from anchormass.curriculum.recipe import load_recipe
+from test_train_curriculum import planned_runs
 
 STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo"},
           {"stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo"}]
@@ -14,12 +16,12 @@ VARIANT = {"name": "no_outliers", "model": "anchormass_tiny", "overrides": ["mod
 
 
 def curriculum(**keys):
-    return check_curriculum(OmegaConf.create({"name": "c", "models": ["standard_tiny", "anchormass_tiny"],
+    return load_recipe(OmegaConf.create({"name": "c", "models": ["standard_tiny", "anchormass_tiny"],
                                               "stages": STAGES, "overrides": ["logger=none", "seed=7"], **keys}))
 
 
 def test_seeds_give_one_chain_per_seed_and_model_with_the_seed_override(tmp_path):
-    runs = plan(curriculum(seeds=[0, 1, 2]), tmp_path, ["seed=99"])
+    runs = planned_runs(curriculum(seeds=[0, 1, 2]), tmp_path, ["seed=99"])
     assert len(runs) == 3 * 2 * 2
     by = {(r.seed, r.model, r.stage): r for r in runs}
     for s in (0, 1, 2):
@@ -37,7 +39,7 @@ def test_seeds_give_one_chain_per_seed_and_model_with_the_seed_override(tmp_path
 
 
 def test_without_seeds_the_layout_and_arguments_are_unchanged(tmp_path):
-    runs = plan(curriculum(), tmp_path, [])
+    runs = planned_runs(curriculum(), tmp_path, [])
     assert [r.seed for r in runs] == [None] * 4
     assert runs[0].out_dir == tmp_path / "c" / "standard_tiny" / "pretrain_1k"
     assert [a for a in runs[0].args if a.startswith("seed=")] == ["seed=7"]
@@ -58,7 +60,7 @@ def test_bad_seeds_are_one_line_errors(bad):
 
 def test_variants_get_their_label_and_overrides_after_the_curriculum_ones(tmp_path):
     cfg = curriculum(models=["anchormass_tiny", VARIANT], overrides=["logger=none", "model.outliers=true"])
-    runs = plan(cfg, tmp_path, ["optim.weight_decay=0.05"])
+    runs = planned_runs(cfg, tmp_path, ["optim.weight_decay=0.05"])
     by = {(r.model, r.stage): r for r in runs}
     var = by[("no_outliers", "warmup_4k")]
     assert var.out_dir == tmp_path / "c" / "no_outliers" / "warmup_4k"
@@ -82,10 +84,10 @@ def test_evaluate_pairs_default_to_the_first_two_models_and_run_per_seed(tmp_pat
     cfg = curriculum(models=["standard_tiny", "anchormass_tiny", VARIANT], seeds=[3, 5],
                      evaluate=[{"name": "main", "stage": "warmup_4k", "overrides": ["suite=ppl"]},
                                {"name": "ablation", "stage": "pretrain_1k", "pair": ["anchormass_tiny", "no_outliers"]}])
-    assert [(e.name, a, b) for e, a, b in evaluate_pairs(cfg)] == [
+    assert [(e.name, e.a, e.b) for e in cfg.evaluate] == [
         ("main", "standard_tiny", "anchormass_tiny"), ("ablation", "anchormass_tiny", "no_outliers")]
     root = tmp_path / "c"
-    jobs = report_jobs(cfg, plan(cfg, tmp_path, []), root)
+    jobs = report_jobs(cfg, planned_runs(cfg, tmp_path, []), root)
     assert [(j.name, j.seed, j.a.model, j.b.model, j.a.stage) for j in jobs] == [
         ("main", 3, "standard_tiny", "anchormass_tiny", "warmup_4k"), ("main", 5, "standard_tiny", "anchormass_tiny", "warmup_4k"),
         ("ablation", 3, "anchormass_tiny", "no_outliers", "pretrain_1k"),
@@ -96,7 +98,7 @@ def test_evaluate_pairs_default_to_the_first_two_models_and_run_per_seed(tmp_pat
 
 def test_evaluate_without_seeds_keeps_the_report_folder(tmp_path):
     cfg = curriculum(evaluate=[{"name": "main", "stage": "warmup_4k"}])
-    [job] = report_jobs(cfg, plan(cfg, tmp_path, []), tmp_path / "c")
+    [job] = report_jobs(cfg, planned_runs(cfg, tmp_path, []), tmp_path / "c")
     assert job.out_dir == tmp_path / "c" / "report" / "main" and job.seed is None
 
 
@@ -110,7 +112,7 @@ def test_evaluate_without_seeds_keeps_the_report_folder(tmp_path):
 ])
 def test_bad_evaluate_entries_are_one_line_errors(models, entry, match):
     with pytest.raises(ConfigError, match=match):
-        evaluate_pairs(curriculum(models=models, evaluate=[entry]))
+        curriculum(models=models, evaluate=[entry])
 
 
 @pytest.mark.slow
@@ -157,10 +159,10 @@ def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):
     """Per-model `stages:`/`seeds:`: one file holds models that take different routes; a stage entry
     with a `name` reuses a preset under its own folder, chained to its own init_from."""
     stages = STAGES + [{"name": "warmup_up", "stage": "warmup_4k", "init_from": "pretrain_1k", "data": "demo"}]
-    cfg = curriculum(seeds=[0, 1], stages=stages, models=[
+    cfg = curriculum(seeds=[0, 1], stages=stages, evaluate=[{"name": "cmp", "stage": "pretrain_1k"}], models=[
         {"name": "a", "model": "standard_tiny", "stages": ["pretrain_1k", "warmup_4k"]},
         {"name": "b", "model": "anchormass_tiny", "stages": ["pretrain_1k", "warmup_up"], "seeds": [1]}])
-    runs = plan(cfg, tmp_path, [])
+    runs = planned_runs(cfg, tmp_path, [])
     assert [(r.seed, r.model, r.stage) for r in runs] == [
         (0, "a", "pretrain_1k"), (0, "a", "warmup_4k"),
         (1, "a", "pretrain_1k"), (1, "a", "warmup_4k"), (1, "b", "pretrain_1k"), (1, "b", "warmup_up")]
@@ -168,7 +170,6 @@ def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):
     assert up.out_dir == tmp_path / "c" / "seed1" / "b" / "warmup_up" and "stage=warmup_4k" in up.args
     assert up.init_from == runs[-2].last_ckpt
     # the comparison of a and b exists only under the seed both trained
-    cfg.evaluate = [{"name": "cmp", "stage": "pretrain_1k"}]
     assert [j.seed for j in report_jobs(cfg, runs, tmp_path)] == [1]
 
 
@@ -180,10 +181,10 @@ def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):
 ])
 def test_bad_per_model_routes_are_one_line_errors(tmp_path, model, message):
     with pytest.raises(ConfigError, match=message):
-        plan(curriculum(seeds=[0], models=["standard_tiny", {"name": "b", "model": "anchormass_tiny", **model}]),
+        planned_runs(curriculum(seeds=[0], models=["standard_tiny", {"name": "b", "model": "anchormass_tiny", **model}]),
              tmp_path, [])
 
 
 def test_repeated_stage_names_are_refused():
-    with pytest.raises(ConfigError, match="stage names must be unique .* warmup_4k repeats"):
+    with pytest.raises(ConfigError, match="stages names must be unique .* warmup_4k repeats"):
         curriculum(stages=STAGES + [STAGES[1]])

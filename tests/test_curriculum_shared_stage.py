@@ -11,8 +11,9 @@ from omegaconf import OmegaConf
 
 from _train_helpers import REPO, subprocess_env
 from anchormass.errors import ConfigError
-from anchormass.training.curriculum import check_curriculum, command, plan
-from test_train_curriculum import curriculum_cmd, tiny_curriculum
+from anchormass.curriculum.execute import command
+from anchormass.curriculum.recipe import load_recipe
+from test_train_curriculum import curriculum_cmd, planned_runs, tiny_curriculum
 
 STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "shared": True,
            "set": {"seq_len": 64, "total_steps": 2}},
@@ -20,14 +21,14 @@ STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "shared": 
 
 
 def curriculum(models, stages=STAGES, **keys):
-    return check_curriculum(OmegaConf.create({"name": "s", "models": models, "stages": stages, "parallel": 2,
+    return load_recipe(OmegaConf.create({"name": "s", "models": models, "stages": stages, "parallel": 2,
                                               "overrides": ["torch_threads=1"], **keys}))
 
 
 def test_shared_stage_is_planned_once_and_feeds_every_model(tmp_path):
     models = ["standard_tiny_h8", "anchormass_tiny_h8",
               {"name": "lossless", "model": "anchormass_tiny_h8", "overrides": ["model.group_size=1"]}]
-    runs = plan(curriculum(models, seeds=[0, 1]), tmp_path, [])
+    runs = planned_runs(curriculum(models, seeds=[0, 1]), tmp_path, [])
     by = {(r.seed, r.model, r.stage): r for r in runs}
     for seed in (0, 1):
         owner = by[(seed, "standard_tiny_h8", "pretrain_1k")]
@@ -57,7 +58,7 @@ def test_shared_stage_is_planned_once_and_feeds_every_model(tmp_path):
 ])
 def test_a_stage_the_models_cannot_share_is_refused(tmp_path, models, stages, message):
     with pytest.raises(ConfigError, match=message):
-        plan(curriculum(models, stages), tmp_path, [])
+        planned_runs(curriculum(models, stages), tmp_path, [])
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ LAYERS = {
     "training": 7,                           # Lightning module, optimiser, runs, checkpoints
     "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
     "eval": 9,                               # evaluation suites (may drive anything below)
+    "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
 }
 
 

@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 
 from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, train_cmd
 from anchormass.dir_lock import DirLock
-from anchormass.training import curriculum, logged_process
-from anchormass.training.curriculum import LOCK_FILE_NAME, StageRun, execute
+from anchormass.curriculum import execute as curriculum
+from anchormass.curriculum.execute import LOCK_FILE_NAME, StageRun, execute
+from anchormass.training import logged_process
 from anchormass.training.preemption import (EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals,
                                             preempt_signals)
 from anchormass.training.run import train

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
-from anchormass.training.curriculum import StageRun
+from anchormass.curriculum.execute import StageRun
 from anchormass.training.preemption import EXIT_INTERRUPTED
 from anchormass.training.slurm_requeue import requeue, requeue_resume
 

@@ -10,21 +10,23 @@ from omegaconf import OmegaConf
 
 from _train_helpers import CONFIG_DIR, REPO, subprocess_env
 from anchormass.errors import ConfigError
-from anchormass.training.curriculum import (check_curriculum, command, datasets, merge_overrides, plan, report_jobs,
-                                           stage_overrides)
+from anchormass.curriculum.closing import report_jobs
+from anchormass.curriculum.execute import command
+from anchormass.curriculum.plan import datasets, merge_overrides, plan, stage_overrides, stage_runs
+from anchormass.curriculum.recipe import load_recipe
 
 
 def tiny_curriculum(tmp_path, models: list, stages: list[tuple], **keys) -> dict:
     """A curriculum of 2-step stages (stage, init_from, seq_len) on a very small demo corpus in
     tmp_path, saved as tmp_path/configs/curriculum/t.yaml: a process start costs more than the training."""
     data = str(tmp_path / "data" / "demo")
-    shrink = [f"data.out_dir={data}", "data.source.params.n_docs=30", "data.source.params.min_sentences=40",
-              "data.source.params.max_sentences=80", "data.tokenizer.vocab_size=400"]
+    shrink = {"out_dir": data, "source.params.n_docs": 30, "source.params.min_sentences": 40,
+              "source.params.max_sentences": 80, "tokenizer.vocab_size": 400}
     fast = {"global_batch_size": 2, "micro_batch_size": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1,
             "ckpt_every": 2}
     cur = {"name": "t", "models": models, "trainer": "cpu",
            "overrides": ["logger=none", "stage.datamodule.num_workers=0", "torch_threads=1"],
-           "stages": [{"stage": stage, "init_from": parent, "data": "demo", "data_overrides": shrink,
+           "stages": [{"stage": stage, "init_from": parent, "data": "demo", "data_set": shrink,
                        "set": {**fast, "seq_len": seq_len, "total_steps": 2}} for stage, parent, seq_len in stages],
            **keys}
     (tmp_path / "configs" / "curriculum").mkdir(parents=True, exist_ok=True)
@@ -39,15 +41,20 @@ def curriculum_cmd(tmp_path, cur: dict) -> list[str]:
             f"runs_root={tmp_path / 'runs'}"]
 
 
+def planned_runs(recipe, runs_root, extra=()):
+    """The recipe's plan as the train.py processes it becomes (the records' one edge, train_args)."""
+    return stage_runs(recipe, plan(recipe, runs_root, extra))
+
+
 def load_curriculum(name: str):
     """configs/curriculum/<name>.yaml as scripts/run_curriculum.py composes it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return check_curriculum(compose("run_curriculum", overrides=[f"curriculum={name}"]).curriculum)
+        return load_recipe(compose("run_curriculum", overrides=[f"curriculum={name}"]).curriculum)
 
 
 def test_mini_plan_chains_stages_for_both_models(tmp_path):
     cfg = load_curriculum("mini")
-    runs = plan(cfg, tmp_path, ["trainer=cpu"])
+    runs = planned_runs(cfg, tmp_path, ["trainer=cpu"])
     assert [(r.model, r.stage) for r in runs[:6]] == [("standard_tiny_h8", s) for s in
                                                       ["pretrain_1k", "warmup_4k", "longctx_8k", "longctx_16k",
                                                        "longctx_32k", "chat_sft"]]
@@ -73,7 +80,7 @@ def test_datasets_prepare_pretraining_corpora_before_what_reads_them():
 
 def test_ablations_pair_each_variant_with_the_full_model_on_identical_data(tmp_path):
     cfg = load_curriculum("ablations")
-    runs = plan(cfg, tmp_path, [])
+    runs = planned_runs(cfg, tmp_path, [])
     jobs = report_jobs(cfg, runs, tmp_path / "ablations")
     variants = [s.name for s in cfg.models][1:]
     assert list(cfg.seeds) == [0, 1, 2] and [(j.name, j.seed) for j in jobs] == [(v, s) for v in variants
@@ -92,11 +99,12 @@ def test_ablations_pair_each_variant_with_the_full_model_on_identical_data(tmp_p
 
 def test_full_curriculum_plans_and_datasets():
     cfg = load_curriculum("full_158m")
-    runs = plan(cfg, REPO / "runs", ["trainer=ddp", "trainer.devices=8"])
+    runs = planned_runs(cfg, REPO / "runs", ["trainer=ddp", "trainer.devices=8"])
     assert {r.model for r in runs} == {"standard_158m", "anchormass_158m"} and len(runs) == 12
     assert all("trainer=ddp" in r.args and "trainer=gpu" not in r.args for r in runs)
     folders = [f.name for _, f in datasets(cfg)]
-    assert folders == ["aozora", "longctx_8k", "longctx_16k", "longctx_32k", "alpaca"]
+    assert folders == ["aozora", "full_158m_longctx_8k", "full_158m_longctx_16k", "full_158m_longctx_32k",
+                       "full_158m_chat_sft"]  # a stage that changes its data's settings gets its own dataset
 
 
 def test_runner_options_stay_with_the_runner_and_the_rest_go_to_every_stage():
@@ -112,7 +120,7 @@ def test_merge_overrides_later_wins():
 
 
 def test_command_resumes_own_checkpoint_else_starts_from_parent(tmp_path):
-    runs = plan(load_curriculum("mini"), tmp_path, [])
+    runs = planned_runs(load_curriculum("mini"), tmp_path, [])
     warm = runs[1]
     assert f"init_from={runs[0].last_ckpt}" in command(warm)
     warm.last_ckpt.parent.mkdir(parents=True)
@@ -130,15 +138,17 @@ def test_command_resumes_own_checkpoint_else_starts_from_parent(tmp_path):
 def test_bad_curricula_are_rejected(tmp_path):
     stages = [{"stage": "warmup_4k", "data": "demo", "init_from": "pretrain_1k"}]
     with pytest.raises(ConfigError, match="lacks 'stages'"):
-        check_curriculum(OmegaConf.create({"name": "x", "models": ["standard_tiny"]}))
-    with pytest.raises(ConfigError, match="needs 'stage' and 'data'"):
-        check_curriculum(OmegaConf.create({"name": "x", "models": ["a"], "stages": [{"stage": "warmup_4k"}]}))
+        load_recipe(OmegaConf.create({"name": "x", "models": ["standard_tiny"]}))
+    with pytest.raises(ConfigError, match="stage warmup_4k needs 'data'"):
+        load_recipe(OmegaConf.create({"name": "x", "models": ["a"], "stages": [{"stage": "warmup_4k"}]}))
+    with pytest.raises(ConfigError, match="unknown keys \\['dta'\\]"):
+        load_recipe(OmegaConf.create({"name": "x", "models": ["a"], "stages": {"warmup_4k": {"dta": "demo"}}}))
     for parallel in ("two", 0, 1.5, True):
         with pytest.raises(ConfigError, match="curriculum.parallel must be a whole number"):
-            check_curriculum(OmegaConf.create({"name": "x", "models": ["a"], "stages": stages, "parallel": parallel}))
-    bad = check_curriculum(OmegaConf.create({"name": "x", "models": ["standard_tiny"], "stages": stages}))
+            load_recipe(OmegaConf.create({"name": "x", "models": ["a"], "stages": stages, "parallel": parallel}))
+    bad = load_recipe(OmegaConf.create({"name": "x", "models": ["standard_tiny"], "stages": stages}))
     with pytest.raises(ConfigError, match="not an earlier stage"):
-        plan(bad, tmp_path, [])
+        planned_runs(bad, tmp_path, [])
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 stage chaining, NaN stop, bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from _train_helpers import FAST, compose_train, stage_data
+from anchormass.data.datamodule import datamodule_config
 from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
@@ -56,7 +58,8 @@ def test_every_group_instantiates(data, tmp_path):
     assert all(instantiate(c) is not None for c in cfg.callbacks.values())
     for stage in STAGES:
         scfg = compose_train([f"stage={stage}", f"data_dir={stage_data(stage, data)}", *FAST], tmp_path)
-        dm = instantiate(scfg.stage.datamodule)
+        kind = json.loads((Path(scfg.data_dir) / "meta.json").read_text())["kind"]
+        dm = instantiate(datamodule_config(scfg.stage.datamodule, kind))  # the data's kind picks the class
         assert dm.seq_len == 64 and dm.global_batch_size == 2
 
 
@@ -170,8 +173,12 @@ def test_bad_input_fails_fast_with_one_line(data, tmp_path):
     blocker.write_text("")
     with pytest.raises(ConfigError, match="not writable"):
         train(compose_train([f"data_dir={data['pretrain']}", *FAST], blocker / "sub"))
-    with pytest.raises(DataError, match="needs 'sft'"):  # chat SFT stage on a pretraining corpus
-        train(compose_train(["stage=chat_sft", f"data_dir={data['pretrain']}", *FAST], tmp_path / "o2"))
+    # the data's kind picks the DataModule (a DataModule of one's own still checks its kind)
+    with pytest.raises(DataError, match="needs 'sft'"):
+        train(compose_train(["stage=chat_sft", f"data_dir={data['pretrain']}", *FAST,
+                             "+stage.datamodule._target_=anchormass.data.datamodule.SFTDataModule"], tmp_path / "o2"))
+    with pytest.raises(DataError, match="no DataModule reads 'shards' data"):
+        datamodule_config(OmegaConf.create({"seq_len": 8}), "shards")
     for bad in ("seed=abc", "stage.total_steps=many"):
         with pytest.raises(ConfigError, match=f"{bad.split('=')[0]} must be a whole number"):
             train(compose_train([f"data_dir={data['pretrain']}", *FAST, bad], tmp_path / "o3"))

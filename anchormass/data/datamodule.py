@@ -190,3 +190,23 @@ class SFTDataModule(StepDataModule):
                         self.data_dir, split, too_long, len(offsets) - 1, self.seq_len + 1)
         return MaskedExamples(self.data.root / f"{split}.bin", self.data.root / f"{split}.mask.bin", offsets,
                               self.seq_len, self.tokenizer.pad_id)
+
+
+# The one place a dataset's kind chooses the DataModule that reads it (meta.json's `kind`): a stage
+# config states the loader's settings, the data decides how rows become samples.
+DATAMODULE_OF_KIND = {"pretrain": PretrainDataModule, "sft": SFTDataModule}
+
+
+def datamodule_config(node, kind: str):
+    """A stage's `datamodule` config with the `_target_` its data's kind needs; a `_target_` the
+    config sets itself (a DataModule of one's own) is kept."""
+    from omegaconf import OmegaConf, open_dict
+
+    if kind not in DATAMODULE_OF_KIND:
+        raise DataError(f"no DataModule reads '{kind}' data (known kinds: {', '.join(DATAMODULE_OF_KIND)})")
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    if node.get("_target_") is None:
+        cls = DATAMODULE_OF_KIND[kind]
+        with open_dict(node):
+            node._target_ = f"{cls.__module__}.{cls.__qualname__}"
+    return node

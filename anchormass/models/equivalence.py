@@ -6,7 +6,7 @@ before the query's own block. On a sequence of at most min(W, S + C) tokens neit
 (every local window reaches position 0; every global key is a sink or a raw token of the
 query's own block, mass 1, so +log(mass) = 0), and AnchorMass with any head split, group size or
 ablation is the Standard model. A curriculum uses this to train a short first stage once for
-all its models (`shared: true`, anchormass/training/curriculum.py); tests/test_same_function.py
+all its models (`shared: true`, anchormass/curriculum/plan.py); tests/test_same_function.py
 measures it.
 """
 

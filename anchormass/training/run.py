@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
+from anchormass.data.datamodule import datamodule_config
 from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
 from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
@@ -311,7 +312,7 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     module = build_module(cfg, data_dir, meta)  # refuses a resume with changed settings: nothing written yet
     if resume and is_launching_process():
         resume = clean_before_resume(cfg, resume)
-    datamodule = build(cfg.stage.datamodule)
+    datamodule = build(datamodule_config(cfg.stage.datamodule, meta["kind"]))
     attach_wandb_id(cfg, out, resume)
     trainer = build_trainer(cfg, out, [CarriedMetrics(out / RESULT_FILE), ResumeOverrides(module.resume_changes)])
     log_run_record(trainer, cfg, data_dir)

@@ -1,0 +1,197 @@
+"""The plan: every (seed, model, stage) run of a recipe as a structured record, and its checks.
+
+`plan()` orders the runs (all stages of the first model, then the next model, then the next seed)
+and chains each to the run whose last checkpoint seeds it. The models of one seed get the same
+seed and data, so stage k feeds them identical batches and only the model differs. Every check
+(init_from chains, shared stages, same-function lengths) reads these records; the records become
+`train.py` command lines only in `train_args`, the one edge to the training code.
+
+A stage marked `shared: true` is trained once, by the first model, and every other model starts
+its next stages from that checkpoint. That is allowed only where the models are one function
+(anchormass/models/equivalence.py: AnchorMass is the Standard model up to min(W, S + C) tokens)
+and everything else about the stage is the same, so sharing changes nothing but the compute: the
+miniature's 64-token stage 1 would otherwise be trained once per model to the same weights. The
+shared run gets the cores the waiting chains leave idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from anchormass.config_compose import compose_file
+from anchormass.curriculum.execute import StageRun
+from anchormass.curriculum.recipe import ModelSpec, Recipe, StageSpec
+from anchormass.errors import ConfigError
+from anchormass.models import load_model_config
+from anchormass.models.equivalence import same_function_len
+from anchormass.utils import CONFIG_ROOT, REPO_ROOT
+
+DATA_CONFIG_DIR = CONFIG_ROOT / "data"
+# Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
+# file, and its progress to a small file the runner shows as a live line.
+STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
+                      "++callbacks.progress_file._target_=anchormass.training.progress.ProgressFile"]
+# scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
+RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose")
+# Hydra settings that belong to the stages: the launcher that runs each train.py (e.g. on Slurm).
+STAGE_HYDRA_PREFIXES = ("hydra/launcher=", "hydra.launcher.")
+
+
+@dataclass(eq=False)
+class PlannedRun:
+    """One model training one stage under one seed."""
+    variant: ModelSpec
+    entry: StageSpec
+    seed: int | None
+    out_dir: Path
+    parent: "PlannedRun | None"  # the run whose last checkpoint seeds this one
+    extra: tuple[str, ...] = ()  # the command line's train.py overrides, for every run
+    shared_from: "PlannedRun | None" = None  # a shared stage: the first model's run, which trains it
+
+    @property
+    def model(self) -> str:
+        return self.variant.name
+
+    @property
+    def stage(self) -> str:
+        return self.entry.key
+
+    @property
+    def last_ckpt(self) -> Path:
+        return self.out_dir / "checkpoints" / "last.ckpt"
+
+
+def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = ()) -> list[PlannedRun]:
+    order = [s.key for s in recipe.stages]
+    runs: list[PlannedRun] = []
+    for seed in recipe.seed_list:
+        base = runs_root / recipe.name / (f"seed{seed}" if seed is not None else "")
+        owners: dict[str, PlannedRun] = {}  # shared stage -> the first model's run of it
+        for variant in recipe.models:
+            done: dict[str, PlannedRun] = {}
+            for entry in recipe.stages:
+                if not variant.trains(entry.key, seed):
+                    continue
+                parent = entry.init_from
+                if parent is not None and parent not in done:
+                    raise ConfigError(f"curriculum {recipe.name}: stage {entry.key} starts from {parent}, which is "
+                                      f"not an earlier stage {variant.name} trains (order: {order})")
+                run = PlannedRun(variant, entry, seed, base / variant.name / entry.key,
+                                 done[parent] if parent else None, tuple(extra))
+                owner = owners.setdefault(entry.key, run) if entry.shared else run
+                if owner is not run:
+                    check_shared(recipe, owner, run)
+                    run = PlannedRun(variant, entry, seed, owner.out_dir, None, tuple(extra), shared_from=owner)
+                done[entry.key] = run
+                runs.append(run)
+    return runs
+
+
+def model_overrides(recipe: Recipe, run: PlannedRun) -> list[str]:
+    """The `model.<field>=` overrides a run trains with, in the order train_args passes them."""
+    return [o for o in (*recipe.overrides, *run.variant.overrides, *run.extra) if o.startswith("model.")]
+
+
+def model_config(recipe: Recipe, run: PlannedRun):
+    """The model a run trains: its preset with its `model.<field>=` overrides applied."""
+    fields = OmegaConf.from_dotlist([o.removeprefix("model.") for o in model_overrides(recipe, run)])
+    return load_model_config(run.variant.preset).replace(**OmegaConf.to_container(fields))
+
+
+def check_shared(recipe: Recipe, owner: PlannedRun, run: PlannedRun) -> None:
+    """A stage may be shared only if the models compute the same function at its length and the
+    variants change nothing else (data, steps, learning rate, seed are the stage's and the recipe's)."""
+    where = f"curriculum {recipe.name}: stage {run.stage} is shared"
+    if run.entry.init_from is not None:
+        raise ConfigError(f"{where}, so it must start from scratch (init_from: null), not from {run.entry.init_from}")
+    own = lambda r: {o for o in r.variant.overrides if not o.startswith("model.")}  # noqa: E731
+    if own(owner) != own(run):
+        raise ConfigError(f"{where}, but {run.model} trains it with other arguments than {owner.model}: "
+                          f"{sorted(own(run) ^ own(owner))}")
+    if run.entry.seq_len is None:
+        raise ConfigError(f"{where}: state its length in set.seq_len")
+    same = same_function_len(model_config(recipe, owner), model_config(recipe, run))
+    if same < int(run.entry.seq_len):
+        raise ConfigError(f"{where}, but {owner.model} and {run.model} are one function only up to {same:.0f} "
+                          f"tokens, not at seq_len {run.entry.seq_len} (anchormass/models/equivalence.py)")
+
+
+def override_value(value: Any) -> str:
+    """A YAML value in Hydra's override grammar."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def data_overrides(entry: StageSpec) -> list[str]:
+    return [f"data.{k}={override_value(v)}" for k, v in entry.data_set]
+
+
+def merge_overrides(args: list[str]) -> list[str]:
+    """Later `key=value` wins (Hydra refuses the same group twice, e.g. trainer=gpu trainer=ddp)."""
+    merged: dict[str, str] = {}
+    for arg in args:
+        merged.pop(arg.split("=", 1)[0], None)
+        merged[arg.split("=", 1)[0]] = arg
+    return list(merged.values())
+
+
+def train_args(recipe: Recipe, run: PlannedRun) -> list[str]:
+    """The train.py overrides of one run: the only place the plan becomes command-line strings."""
+    if run.shared_from is not None:
+        return train_args(recipe, run.shared_from)
+    e = run.entry
+    args = [f"stage={e.preset}", f"model={run.variant.preset}", f"data={e.data}", *data_overrides(e),
+            f"trainer={recipe.trainer}", f"run_name={recipe.name}", f"hydra.run.dir={run.out_dir}",
+            *STAGE_CONSOLE_ARGS]
+    args += [f"stage.{k}={override_value(v)}" for k, v in e.settings]
+    if run.parent is not None and run.parent.shared_from is not None:
+        args.append("init_across_arch=true")  # the shared checkpoint is the first model's
+    threads = [f"torch_threads={recipe.parallel}"] if e.shared and recipe.parallel > 1 else []
+    # The seed goes last: a command-line `seed=` cannot silently collapse the seeds into one.
+    seeded = [f"seed={run.seed}"] if run.seed is not None else []
+    return merge_overrides(args + list(recipe.overrides) + list(run.variant.overrides) + threads
+                           + list(run.extra) + seeded)
+
+
+def stage_runs(recipe: Recipe, runs: list[PlannedRun]) -> list[StageRun]:
+    """The plan as the processes to run (anchormass/curriculum/execute.py)."""
+    out: dict[int, StageRun] = {}
+    for r in runs:
+        out[id(r)] = StageRun(r.model, r.stage, r.out_dir, r.parent.last_ckpt if r.parent else None,
+                              train_args(recipe, r), r.seed,
+                              shared_from=out[id(r.shared_from)] if r.shared_from is not None else None)
+    return list(out.values())
+
+
+def stage_overrides(task: list[str], hydra: list[str]) -> list[str]:
+    """The runner's command-line overrides (Hydra's task and hydra lists) that go to every stage."""
+    own = [o for o in task if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] in RUNNER_KEYS]
+    return [o for o in task if o not in own] + [o for o in hydra if o.lstrip("+~").startswith(STAGE_HYDRA_PREFIXES)]
+
+
+def datasets(recipe: Recipe) -> list[tuple[list[str], Path]]:
+    """Each distinct dataset the recipe reads: (prepare_data.py arguments, prepared folder);
+    pretraining corpora first (long-context and SFT data read their tokenizer and source from one)."""
+    out: dict[Path, list[str]] = {}
+    kinds: dict[Path, str] = {}
+    for s in recipe.stages:
+        if not (DATA_CONFIG_DIR / f"{s.data}.yaml").is_file():
+            raise ConfigError(f"curriculum {recipe.name}: stage {s.key} reads unknown data '{s.data}' "
+                              f"(no {DATA_CONFIG_DIR / f'{s.data}.yaml'})")
+        data = OmegaConf.merge(compose_file(s.data, DATA_CONFIG_DIR, "data"),
+                               OmegaConf.from_dotlist([o.removeprefix("data.") for o in data_overrides(s)]))
+        folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
+        out.setdefault(folder, [f"data={s.data}", *data_overrides(s)])
+        kinds.setdefault(folder, str(data.get("kind", "pretrain")))
+    return sorted(((args, folder) for folder, args in out.items()), key=lambda item: kinds[item[1]] != "pretrain")

@@ -1,0 +1,260 @@
+"""The recipe: a curriculum file (configs/curriculum/<name>.yaml) as a typed, checked spec.
+
+A recipe lists models, stages and closing evaluations (docs/method.md §5). Stages and evaluations
+are mappings keyed by name, so a recipe composes as Hydra composes any config: a study writes
+`defaults: [mini, _self_]` and states only what it changes; Hydra merges the mappings key by key
+(a key set to null is removed). Within one file, `like: <stage>` starts a stage from another
+stage's entry (the long-context stages of the 158M recipe differ only in their length).
+
+Stage entry (key = its name, its folder, and what `init_from`, `evaluate` and a model's `stages`
+refer to): `stage` (the configs/stage preset, default the key), `data` (configs/data/<name>),
+`data_set` ({<data key>: value}; a stage that sets any gets a dataset of its own,
+`data/<curriculum>_<stage>`, unless it names one), `init_from` (an earlier stage whose last checkpoint seeds it, or
+null), `shared` (trained once by the first model; anchormass/curriculum/plan.py), `set`
+({<stage key>: value}).
+
+Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds}`: an ablation of
+one preset, which may train only some stages and some of the recipe's seeds.
+
+Evaluate entry (key = its name, its report folder): `stage`, `overrides` (evaluate.py), and the
+models it compares: `pair: [a, b]`, or `against: <model>` (one comparison of that model with every
+other model, each named after the other model: the ablations), else the first two models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from anchormass.errors import ConfigError
+
+STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
+MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds"}
+EVAL_KEYS = {"stage", "pair", "against", "overrides"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # the label in folders and tables
+    preset: str  # configs/model/<preset>
+    overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
+    stages: tuple[str, ...] | None = None  # the stage keys it trains (None: all)
+    seeds: tuple[int, ...] | None = None  # the recipe seeds it trains under (None: all)
+
+    def trains(self, stage: str, seed: int | None) -> bool:
+        return ((self.stages is None or stage in self.stages)
+                and (self.seeds is None or seed is None or seed in self.seeds))
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    key: str
+    preset: str  # configs/stage/<preset>
+    data: str  # configs/data/<data>
+    data_set: tuple[tuple[str, Any], ...] = ()  # (data key, value), with the dataset's name and folder
+    init_from: str | None = None
+    shared: bool = False
+    settings: tuple[tuple[str, Any], ...] = ()  # (stage key, value)
+
+    @property
+    def seq_len(self) -> int | None:
+        return dict(self.settings).get("seq_len")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    name: str
+    stage: str
+    a: str  # the model labels compared: A (ckpt=) and B (compare_ckpt=)
+    b: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    models: tuple[ModelSpec, ...]
+    stages: tuple[StageSpec, ...]
+    evaluate: tuple[EvalSpec, ...]
+    seeds: tuple[int, ...] | None = None  # None: one run per model, the train config's own seed
+    parallel: int = 1  # chains that train side by side
+    trainer: str = "cpu"
+    overrides: tuple[str, ...] = ()  # train.py overrides for every stage
+    eval_overrides: tuple[str, ...] = ()  # appended to every evaluate entry's overrides
+    report_note: str | None = None  # the first line of the closing report
+
+    @property
+    def seed_list(self) -> list[int | None]:
+        return list(self.seeds) if self.seeds is not None else [None]
+
+    def stage(self, key: str) -> StageSpec:
+        return next(s for s in self.stages if s.key == key)
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _loose(entry: DictConfig) -> DictConfig:
+    """A copy free of the composed config's struct flag, so entries can be merged and extended."""
+    return OmegaConf.create(OmegaConf.to_container(entry, resolve=True))
+
+
+def _keyed(cfg: DictConfig, field: str, key_of) -> dict[str, DictConfig]:
+    """A mapping field (key -> entry; null entries removed) or a list of entries keyed by `key_of`."""
+    raw = cfg.get(field)
+    if raw is None:
+        return {}
+    if isinstance(raw, DictConfig):
+        out = {}
+        for key, entry in raw.items():
+            if entry is None:
+                continue  # removed by a composing recipe
+            if not isinstance(entry, DictConfig):
+                raise ConfigError(f"curriculum {cfg.name}: {field}.{key} must be a mapping, got {entry!r}")
+            out[str(key)] = _loose(entry)
+        return out
+    out = {}
+    for entry in raw:
+        if not isinstance(entry, DictConfig):
+            raise ConfigError(f"curriculum {cfg.name}: every {field} entry must be a mapping, got {entry!r}")
+        key = key_of(entry)
+        if key in out:
+            raise ConfigError(f"curriculum {cfg.name}: {field} names must be unique (give a repeated preset a "
+                              f"`name`), {key} repeats")
+        out[key] = _loose(entry)
+    return out
+
+
+def _resolve_like(name: str, entries: dict[str, DictConfig]) -> dict[str, DictConfig]:
+    """Each `like: <other>` entry as the other (itself resolved) with its own keys merged on top."""
+    done: dict[str, DictConfig] = {}
+
+    def resolve(key: str, trail: tuple[str, ...]) -> DictConfig:
+        if key in done:
+            return done[key]
+        entry = entries[key]
+        base = entry.get("like")
+        if base is not None:
+            if base not in entries or base in trail:
+                raise ConfigError(f"curriculum {name}: stage {key} is like '{base}', which is "
+                                  + ("itself" if base in trail else f"not one of its stages {list(entries)}"))
+            own = OmegaConf.masked_copy(entry, [k for k in entry if k != "like"])
+            entry = OmegaConf.merge(resolve(base, (*trail, key)), own)
+            # what follows a stage is the stage's own choice, never inherited
+            entry.init_from = own.get("init_from")
+        done[key] = entry
+        return entry
+
+    return {key: resolve(key, (key,)) for key in entries}
+
+
+def _stage(name: str, key: str, e: DictConfig) -> StageSpec:
+    unknown = set(e.keys()) - STAGE_KEYS
+    if unknown:
+        raise ConfigError(f"curriculum {name}: stage {key} has unknown keys {sorted(unknown)} "
+                          f"(a stage takes {sorted(STAGE_KEYS)})")
+    if not e.get("data"):
+        raise ConfigError(f"curriculum {name}: stage {key} needs 'data' (a configs/data name)")
+    data_set = dict(_plain(e.get("data_set")) or {})
+    if data_set and not {"name", "out_dir"} & set(data_set):  # changed data: a dataset of its own
+        data_set = {"name": f"{name}_{key}", "out_dir": f"data/{name}_{key}", **data_set}
+    return StageSpec(key=key, preset=str(e.get("stage") or key), data=str(e.data),
+                     data_set=tuple(data_set.items()), init_from=e.get("init_from"),
+                     shared=bool(e.get("shared", False)), settings=tuple((dict(_plain(e.get("set")) or {})).items()))
+
+
+def _seeds(cfg: DictConfig) -> tuple[int, ...] | None:
+    value = cfg.get("seeds")
+    if value is None:
+        return None
+    items = list(value) if not isinstance(value, (str, int)) else None
+    if not items or any(isinstance(x, bool) or not isinstance(x, int) for x in items) or len(set(items)) < len(items):
+        raise ConfigError(f"curriculum.seeds must be a non-empty list of distinct integers, got {value!r}")
+    return tuple(items)
+
+
+def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> tuple[ModelSpec, ...]:
+    specs = []
+    for m in cfg.models:
+        if isinstance(m, str):
+            specs.append(ModelSpec(m, m))
+            continue
+        if not isinstance(m, DictConfig) or not isinstance(m.get("name"), str) or not isinstance(m.get("model"), str):
+            raise ConfigError(f"curriculum {cfg.name}: a models entry is a preset name or "
+                              f"{{name: <label>, model: <preset>, overrides: [...]}}, got {m!r}")
+        extra = set(m.keys()) - MODEL_KEYS
+        if extra:
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name} has unknown keys {sorted(extra)}")
+        own_stages = None if m.get("stages") is None else tuple(str(x) for x in m.stages)
+        own_seeds = None if m.get("seeds") is None else tuple(m.seeds)
+        if own_stages is not None and (not own_stages or set(own_stages) - set(keys)):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: stages must be a non-empty list of "
+                              f"{keys}, got {list(own_stages)}")
+        if own_seeds is not None and (seeds is None or not own_seeds or set(own_seeds) - set(seeds)):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: seeds must be a non-empty subset of "
+                              f"curriculum.seeds {list(seeds) if seeds else None}, got {list(own_seeds)}")
+        specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or [])),
+                               own_stages, own_seeds))
+    labels = [s.name for s in specs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(f"curriculum {cfg.name}: model labels must be unique, {', '.join(dup)} repeats")
+    return tuple(specs)
+
+
+def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple[EvalSpec, ...]:
+    """Each evaluate entry with the labels it compares. Checked before any training, so a typo does
+    not surface after hours of it."""
+    out = []
+    for name, entry in _keyed(cfg, "evaluate", lambda e: str(e.get("name"))).items():
+        entry = OmegaConf.masked_copy(entry, [k for k in entry if k != "name"])
+        unknown = set(entry.keys()) - EVAL_KEYS
+        if name == "None" or entry.get("stage") not in stages or unknown:
+            raise ConfigError(f"curriculum {cfg.name}: an evaluate entry needs a name and one of the stages "
+                              f"{stages}" + (f" (unknown keys {sorted(unknown)})" if unknown else "")
+                              + f", got {name}: {dict(entry)}")
+        overrides = tuple(str(o) for o in entry.get("overrides") or [])
+        if entry.get("against") is not None:
+            base = str(entry.against)
+            if base not in labels:
+                raise ConfigError(f"curriculum {cfg.name}: evaluate {name}: against must be one of {labels}, "
+                                  f"got {base}")
+            out += [EvalSpec(other, str(entry.stage), base, other, overrides) for other in labels if other != base]
+            continue
+        pair = entry.get("pair")
+        if pair is None:
+            if len(labels) < 2:
+                raise ConfigError(f"the closing comparison needs two models, got curriculum.models=[{','.join(labels)}]; "
+                                  f"pass two models or evaluate=false")
+            pair = labels[:2]
+        pair = [str(p) for p in pair] if not isinstance(pair, str) else [pair]
+        if len(pair) != 2 or pair[0] == pair[1] or any(p not in labels for p in pair):
+            raise ConfigError(f"curriculum {cfg.name}: evaluate {name}: pair must name two different "
+                              f"models of {labels}, got {pair}")
+        out.append(EvalSpec(name, str(entry.stage), pair[0], pair[1], overrides))
+    return tuple(out)
+
+
+def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
+    """The composed `curriculum` node as a checked Recipe (one-line ConfigErrors). Without
+    `with_evaluate` the evaluate entries are left out unchecked (a run with evaluate=false)."""
+    for key in ("name", "models", "stages"):
+        if cfg.get(key) is None:
+            raise ConfigError(f"the curriculum lacks '{key}'")
+    parallel = cfg.get("parallel", 1)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")
+    entries = _resolve_like(str(cfg.name), _keyed(cfg, "stages", lambda e: str(e.get("name") or e.get("stage"))))
+    stages = tuple(_stage(str(cfg.name), key, OmegaConf.masked_copy(e, [k for k in e if k != "name"]))
+                   for key, e in entries.items())
+    seeds = _seeds(cfg)
+    models = _models(cfg, [s.key for s in stages], seeds)
+    evaluate = _evaluations(cfg, [m.name for m in models], [s.key for s in stages]) if with_evaluate else ()
+    return Recipe(name=str(cfg.name), models=models, stages=stages, evaluate=evaluate, seeds=seeds,
+                  parallel=parallel, trainer=str(cfg.get("trainer", "cpu")),
+                  overrides=tuple(str(o) for o in cfg.get("overrides") or []),
+                  eval_overrides=tuple(str(o) for o in cfg.get("eval_overrides") or []),
+                  report_note=None if cfg.get("report_note") is None else str(cfg.report_note))
