@@ -5,7 +5,7 @@ draws from), identical for every model. A question is correct when the argmax ov
 vocabulary is the answer at every scored position, teacher-forced (for the 4-digit key this is
 exactly greedy decoding's exact match). mode=parallel: one forward per batch; mode=cached: the
 context is prefilled through the inference cache under `policy` / `budget`, then the rest fed one
-token at a time (anchormass/eval/mqar.py's session). Per cell (task, length) and model: accuracy
+token at a time (anchormass/eval/predictions.py, as suite=mqar). Per cell (task, length) and model: accuracy
 with a Wilson 95% interval, exact McNemar of every model against the first on identical questions,
 and from the parallel forward (anchormass/eval/slot_probe.py; stage 2 never acts there) what
 stage 1 kept of each answer copy, the attention the answering query puts on the fact, and the
