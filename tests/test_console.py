@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from _train_helpers import FAST, stage_data, tiny_datasets, train_cmd, subprocess_env, REPO
 from anchormass.errors import ConfigError
 from anchormass.logging_setup import ConsoleFilter, check_verbose
 from anchormass.training.progress import PROGRESS_FILE, read_progress
 from anchormass.training.stage_console import StageConsole, Task
+
+from _train_helpers import FAST, REPO, stage_data, subprocess_env, tiny_datasets, train_cmd
 
 
 def record(step, total=300, loss=2.5, tps=1500.0, eta=45.0):

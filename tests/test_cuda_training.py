@@ -7,11 +7,11 @@ import math
 from dataclasses import asdict
 
 import pytest
+from test_cuda_kernels import _record
 
 from anchormass.bench.gpu_probes import train_steps
 from anchormass.models import load_model_config
 from anchormass.models.kernels import flex
-from test_cuda_kernels import _record
 
 pytestmark = pytest.mark.cuda
 PEAK_TFLOPS = 989.0  # H100/H200 SXM dense bf16 (configs/trainer/gpu.yaml), for the recorded MFU

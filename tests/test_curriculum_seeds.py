@@ -4,10 +4,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from _train_helpers import CONFIG_DIR
-from anchormass.errors import ConfigError
 from anchormass.curriculum.closing import report_jobs
 from anchormass.curriculum.recipe import load_recipe
+from anchormass.errors import ConfigError
+
+from _train_helpers import CONFIG_DIR
 from test_train_curriculum import planned_runs
 
 STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo"},

@@ -9,10 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from _train_helpers import REPO, subprocess_env
-from anchormass.errors import ConfigError
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.recipe import load_recipe
+from anchormass.errors import ConfigError
+
+from _train_helpers import REPO, subprocess_env
 from test_train_curriculum import curriculum_cmd, planned_runs, tiny_curriculum
 
 STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "shared": True,

@@ -8,8 +8,8 @@ import torch
 from anchormass.data.datamodule import SFTDataModule
 from anchormass.data.longctx import LongContextSpec
 from anchormass.data.prepare import prepare
-from anchormass.data.testing import tiny_pretrain
 from anchormass.data.sft import alpaca_records, chat_prompt, render_example
+from anchormass.data.testing import tiny_pretrain
 from anchormass.errors import ConfigError, DataError
 
 RECORDS = [

@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from _train_helpers import subprocess_env
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.aggregate import aggregate, main, write_aggregate
 from anchormass.eval.suite import Suite
+
+from _train_helpers import subprocess_env
 
 
 def result(ppl: dict, passkey: dict | None = None) -> dict:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from _train_helpers import tiny_datasets
 from anchormass.eval.runner import run_evaluation
+
+from _train_helpers import tiny_datasets
 
 ROOT = Path(__file__).resolve().parents[1]
 

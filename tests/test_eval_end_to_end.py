@@ -166,11 +166,11 @@ def test_passkey_with_natural_text_filler_from_a_token_file(assets, tmp_path):
 
 
 def test_checkpoint_trained_with_another_tokenizer_is_refused(assets, tmp_path):
+    from types import SimpleNamespace
+
     from anchormass.errors import CheckpointError
     from anchormass.eval.loading import load_tokenizer
     from anchormass.eval.suite import EvalModel
-
-    from types import SimpleNamespace
 
     config = SimpleNamespace(vocab_size=1 << 16)  # large enough: only the checksum can refuse
     m = EvalModel("m", None, config, "x", {"tokenizer_checksum": "f" * 64})

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError
-from anchormass.eval.suites.frontier import RecallFrontierSuite
 from anchormass.eval.runner import run_evaluation
 from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel
+from anchormass.eval.suites.frontier import RecallFrontierSuite
 from anchormass.models import build_model
 
 CFG = {"lengths": [128], "slot_budgets": [8], "slot_policies": ["adaptive", "fifo"],

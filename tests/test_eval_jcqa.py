@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError, DataError
-from anchormass.eval.suites.jcqa import choice_logliks, score_questions
 from anchormass.eval.jcqa_data import (
     TEMPLATE,
     build_prompt,
@@ -16,6 +15,7 @@ from anchormass.eval.jcqa_data import (
     resolve_template,
     shots_per_question,
 )
+from anchormass.eval.suites.jcqa import choice_logliks, score_questions
 
 
 class CharTokenizer:

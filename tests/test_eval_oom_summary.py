@@ -9,8 +9,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import anchormass.eval.passkey_trials as passkey_trials
-from _train_helpers import tiny_datasets
 from anchormass.eval.runner import run_evaluation
+
+from _train_helpers import tiny_datasets
 
 ROOT = Path(__file__).resolve().parents[1]
 

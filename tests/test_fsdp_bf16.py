@@ -8,11 +8,12 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import FSDPStrategy
 
-from _train_helpers import compose_train
 from anchormass.models import build_model, load_model_config
 from anchormass.models.transformer import Block
 from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.optim import build_optimizer
+
+from _train_helpers import compose_train
 
 
 def test_fsdp_trainer_config_composes_and_instantiates(tmp_path):

@@ -9,8 +9,9 @@ import lightning
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, subprocess_env, tiny_datasets, train_cmd
 from anchormass.training.strategies import FSDP_ON_CPU
+
+from _train_helpers import FAST, REPO, subprocess_env, tiny_datasets, train_cmd
 
 
 def _source_line(package, relative: str, line: int, count: int = 1) -> str:

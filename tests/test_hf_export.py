@@ -13,13 +13,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _hf_helpers import VOCAB, tiny_checkpoint, tiny_tokenizer  # noqa: E402
 from anchormass.errors import CheckpointError, ConfigError  # noqa: E402
 from anchormass.hf.export import export_checkpoint  # noqa: E402
 from anchormass.hf.provenance import PROVENANCE_FILE  # noqa: E402
 from anchormass.inference.generate import generate  # noqa: E402
 from anchormass.training.checkpoint import load_model  # noqa: E402
 from anchormass.utils import sha256_file  # noqa: E402
+
+from _hf_helpers import VOCAB, tiny_checkpoint, tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = 256  # original_max_len of the test checkpoints

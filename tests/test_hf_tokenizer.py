@@ -10,10 +10,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from _hf_helpers import tiny_tokenizer  # noqa: E402
 from anchormass.data.sft import chat_prompt, render_example, user_text  # noqa: E402
 from anchormass.data.tokenizer import ROLE_MARKERS, Tokenizer, train_tokenizer  # noqa: E402
 from anchormass.hf.tokenizer_export import export_tokenizer  # noqa: E402
+
+from _hf_helpers import tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

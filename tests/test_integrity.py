@@ -22,14 +22,20 @@ import numpy as np
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, compose_train, subprocess_env, train_cmd
 from anchormass.data.dataset_dir import verify_dataset
 from anchormass.data.token_file import open_tokens, write_tokens
 from anchormass.errors import AnchorMassError, CheckpointError, DataError
-from anchormass.training.checkpoint import (CHECKSUM_KEY, atomic_torch_save, content_checksum, load_model,
-                                           read_checkpoint)
+from anchormass.training.checkpoint import (
+    CHECKSUM_KEY,
+    atomic_torch_save,
+    content_checksum,
+    load_model,
+    read_checkpoint,
+)
 from anchormass.training.run import train
 from anchormass.utils import atomic_write_text
+
+from _train_helpers import FAST, REPO, compose_train, subprocess_env, train_cmd
 
 MODEL = ["model=standard_tiny"]
 

@@ -14,8 +14,9 @@ pytest.importorskip("lm_eval")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from _hf_helpers import VOCAB, tiny_tokenizer  # noqa: E402
 from anchormass.eval.runner import run_evaluation  # noqa: E402
+
+from _hf_helpers import VOCAB, tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["りんご", "みかん", "ぶどう", "もも", "なし", "すいか", "いちご", "かき", "くり"]

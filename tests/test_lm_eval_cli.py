@@ -17,8 +17,9 @@ pytest.importorskip("lm_eval")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from _hf_helpers import tiny_checkpoint, tiny_tokenizer  # noqa: E402
 from anchormass.eval.runner import run_evaluation  # noqa: E402
+
+from _hf_helpers import tiny_checkpoint, tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FRUITS = ["りんご", "みかん", "ぶどう", "もも", "なし"]

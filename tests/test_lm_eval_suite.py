@@ -12,9 +12,10 @@ pytest.importorskip("lm_eval")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from _hf_helpers import VOCAB, tiny_tokenizer  # noqa: E402
 from anchormass.errors import AnchorMassError  # noqa: E402
 from anchormass.eval.runner import run_evaluation  # noqa: E402
+
+from _hf_helpers import VOCAB, tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FRUITS = ["りんご", "みかん", "ぶどう", "もも", "なし"]
@@ -80,11 +81,12 @@ def test_exported_folders_give_the_harness_the_same_scores(assets, tmp_path):
     identical for the remote-code folder, within fp32 rounding for the native Llama folder."""
     from lm_eval.models.huggingface import HFLM
 
-    from _hf_helpers import tiny_checkpoint
-    from anchormass.eval.suites.lm_eval import harness_model
     from anchormass.eval.suite import EvalModel
+    from anchormass.eval.suites.lm_eval import harness_model
     from anchormass.hf.export import export_checkpoint, load_source
     from anchormass.hf.lm_eval_tasks import task_specs
+
+    from _hf_helpers import tiny_checkpoint
 
     d, tok = assets
     specs = task_specs(["jcqa_local"], d)

@@ -8,8 +8,13 @@ from omegaconf import OmegaConf
 from anchormass.cache.base import KVCache, LayerCache
 from anchormass.errors import ConfigError, DataError
 from anchormass.models import build_model
-from anchormass.models.accounting import (count_parameters, estimate_flops_per_token, kv_bytes_per_token,
-                                          kv_bytes_session, param_count)
+from anchormass.models.accounting import (
+    count_parameters,
+    estimate_flops_per_token,
+    kv_bytes_per_token,
+    kv_bytes_session,
+    param_count,
+)
 from anchormass.models.config import load_model_config
 from anchormass.models.rope import ntk_base
 

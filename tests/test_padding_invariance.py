@@ -145,8 +145,8 @@ def _questions(n: int, seed: int) -> list[dict]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_jcqa_scores_do_not_depend_on_batch_size_or_order(name):
-    from anchormass.eval.suites.jcqa import score_questions
     from anchormass.eval.jcqa_data import resolve_template, shots_per_question
+    from anchormass.eval.suites.jcqa import score_questions
 
     m = tiny(name, vocab=64, init_std=0.2)
     tok = CharTokenizer()

@@ -15,17 +15,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
-from omegaconf import OmegaConf
 
-from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, train_cmd
-from anchormass.dir_lock import DirLock
 from anchormass.curriculum import execute as curriculum
 from anchormass.curriculum.execute import LOCK_FILE_NAME, StageRun, execute
+from anchormass.dir_lock import DirLock
 from anchormass.training import logged_process
-from anchormass.training.preemption import (EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals,
-                                            preempt_signals)
+from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals, preempt_signals
 from anchormass.training.run import train
 from anchormass.training.stage_console import StageConsole
+
+from _train_helpers import FAST, REPO, compose_train, model_params, run_train, subprocess_env, train_cmd
 from test_train_curriculum import curriculum_cmd, tiny_curriculum
 
 # 6 optimizer steps of 2 micro-batches (a stop signal lands mid-accumulation), validation every 2,

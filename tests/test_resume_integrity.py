@@ -14,10 +14,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from _train_helpers import FAST, compose_train, model_params, run_train
 from anchormass.errors import ConfigError
 from anchormass.training.optim import lr_factor
 from anchormass.training.run import train
+
+from _train_helpers import FAST, compose_train, model_params, run_train
 
 SIX = ["stage.total_steps=6", "stage.val_every=2", "stage.ckpt_every=2", "trainer.log_every_n_steps=1"]
 STOP_AT_5 = ["+callbacks.stop._target_=test_resume_integrity.StopAt", "+callbacks.stop.step=5"]

@@ -11,12 +11,13 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, train_cmd
 from anchormass.data.testing import tiny_pretrain
 from anchormass.dir_lock import DirLock, FolderBusy
 from anchormass.errors import ConfigError
 from anchormass.training.run import train
 from anchormass.training.run_dir import LOCK_FILE
+
+from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, train_cmd
 
 
 class HoldUntil(Callback):

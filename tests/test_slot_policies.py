@@ -8,8 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anchormass.cache import make_cache
-from anchormass.cache.slot_policies import (POLICIES, AdaptiveMerge, FifoEvict, PriorityEvict, ScoreMerge,
-                                            UniformMerge, get_policy, slot_energy)
+from anchormass.cache.slot_policies import (
+    POLICIES,
+    AdaptiveMerge,
+    FifoEvict,
+    PriorityEvict,
+    ScoreMerge,
+    UniformMerge,
+    get_policy,
+    slot_energy,
+)
 from anchormass.errors import ConfigError
 from anchormass.models.config import SLOT_POLICIES, load_model_config
 

@@ -1,14 +1,20 @@
 """The slot-recall ladder (docs/method.md §6 i): the task generator, its prepared data, and the
 probes that read what stage 1 kept of a needle, on tiny models."""
 
-import numpy as np
 import pytest
 import torch
 
 from anchormass.data.datamodule import SFTDataModule
 from anchormass.data.prepare import prepare
-from anchormass.data.slot_recall import (TASKS, SlotRecallVocab, TaskSpec, assert_disjoint, make_item,
-                                         training_examples, task_specs)
+from anchormass.data.slot_recall import (
+    TASKS,
+    SlotRecallVocab,
+    TaskSpec,
+    assert_disjoint,
+    make_item,
+    task_specs,
+    training_examples,
+)
 from anchormass.errors import ConfigError
 from anchormass.eval.slot_probe import LayerView, probe_forward
 from anchormass.eval.suites.slot_recall import score_batch

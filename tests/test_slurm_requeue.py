@@ -14,10 +14,11 @@ import time
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
 from anchormass.curriculum.execute import StageRun
 from anchormass.training.preemption import EXIT_INTERRUPTED
 from anchormass.training.slurm_requeue import requeue, requeue_resume
+
+from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
 
 STEPS = 8
 OVER = ["model=anchormass_tiny", *FAST, f"stage.total_steps={STEPS}", "stage.ckpt_every=2", "stage.val_every=4",
@@ -85,7 +86,7 @@ def test_sigusr1_requeues_and_the_requeued_job_resumes_exactly(data, reference, 
 
     first = signal_mid_run(cmd + SLOW, env, out, signal.SIGUSR1)
     lines = [ln for ln in first.stderr.splitlines() if ln.startswith(("interrupted:", "error:"))]
-    transcript += [*lines, f"[exit {first.returncode}]", f"$ cat scontrol_calls.txt",
+    transcript += [*lines, f"[exit {first.returncode}]", "$ cat scontrol_calls.txt",
                    *(record.read_text().splitlines() if record.exists() else ["<no scontrol call>"])]
     assert first.returncode == EXIT_INTERRUPTED, first.stderr[-3000:]
     assert record.read_text().splitlines() == [f"scontrol requeue {JOB_ID}"]  # Lightning's requeue, once
@@ -100,7 +101,7 @@ def test_sigusr1_requeues_and_the_requeued_job_resumes_exactly(data, reference, 
     # The requeued job: Slurm runs the same command again, SLURM_RESTART_COUNT=1, no ckpt_path.
     env, _ = fake_slurm(tmp_path, restarts=1)
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    transcript += [f"$ SLURM_RESTART_COUNT=1 <the same command>   # the requeued job",
+    transcript += ["$ SLURM_RESTART_COUNT=1 <the same command>   # the requeued job",
                    *[ln for ln in again.stdout.splitlines() if ln.startswith("done:")], f"[exit {again.returncode}]"]
     print("\n" + "\n".join(transcript))
     assert again.returncode == 0, again.stderr[-3000:]

@@ -8,12 +8,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from _train_helpers import CONFIG_DIR, REPO, subprocess_env
-from anchormass.errors import ConfigError
 from anchormass.curriculum.closing import report_jobs
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.plan import datasets, merge_overrides, plan, stage_overrides, stage_runs
 from anchormass.curriculum.recipe import load_recipe
+from anchormass.errors import ConfigError
+
+from _train_helpers import CONFIG_DIR, REPO, subprocess_env
 
 
 def tiny_curriculum(tmp_path, models: list, stages: list[tuple], **keys) -> dict:

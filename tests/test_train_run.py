@@ -9,13 +9,14 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from _train_helpers import FAST, compose_train, stage_data
 from anchormass.data.datamodule import datamodule_config
 from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.checkpoint import load_model, read_checkpoint
 from anchormass.training.run import check_same_architecture, train
+
+from _train_helpers import FAST, compose_train, stage_data
 
 STAGES = ["pretrain_1k", "warmup_4k", "longctx_8k", "longctx_16k", "longctx_32k", "chat_sft"]
 MODELS = ["standard_tiny", "anchormass_tiny"]

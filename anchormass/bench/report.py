@@ -19,7 +19,7 @@ def _fmt(x, spec: str) -> str:
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table whose columns are padded, so it also reads well on a terminal."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows]
 
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from anchormass.utils import resolve_path
 from anchormass.data.token_file import open_tokens, read_sidecar, verify_token_file
 from anchormass.data.tokenizer import Tokenizer
 from anchormass.errors import DataError
+from anchormass.utils import resolve_path
 
 KINDS = ("pretrain", "sft")
 

@@ -27,20 +27,19 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from tqdm import tqdm
 
-from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask
+from anchormass.config_checks import check_numbers
 from anchormass.data.dataset_dir import PreparedDataset
 from anchormass.data.longctx import LongContextSpec, build_examples
-from anchormass.data.sft import alpaca_records, pack_examples, render_example
 from anchormass.data.parallel_encode import BLOCK_DOCS, BlockEncoder, limited, raw_blocks
+from anchormass.data.sft import alpaca_records, pack_examples, render_example
 from anchormass.data.shards import SHARD_KIND, ShardReader, write_shard
 from anchormass.data.sources import describe, iter_documents, iter_records, source_parts
 from anchormass.data.split_writer import SplitWriter, split_stream
-from anchormass.utils import resolve_path
 from anchormass.data.token_file import write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
-from anchormass.config_checks import check_numbers
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
+from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask, resolve_path
 
 
 def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:

@@ -164,7 +164,7 @@ def source_parts(src: Mapping[str, Any] | list, cleaners: list[str] | str | None
         from anchormass.data.demo_corpus import demo_documents
 
         params = dict(src.get("params") or {})
-        texts: Callable[[], Iterator[str]] = lambda: iter(demo_documents(**params))
+        texts: Callable[[], Iterator[str]] = lambda: iter(demo_documents(**params))  # noqa: E731
         desc = f"demo corpus (synthetic) {params}"
     else:
         ds, desc = _load(src)
@@ -173,7 +173,7 @@ def source_parts(src: Mapping[str, Any] | list, cleaners: list[str] | str | None
         columns = getattr(ds, "column_names", None)
         if columns is not None and parts[0] not in columns:
             raise DataError(f"text field '{field}' not found; columns are {columns}")
-        texts = lambda: _texts(ds, parts, field)
+        texts = lambda: _texts(ds, parts, field)  # noqa: E731
     if names:
         desc += f" cleaners={list(names)}"
     return [SourcePart(texts, names, int(src["chunk_chars"]) if src.get("chunk_chars") else None,

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from anchormass.utils import AtomicFile, atomic_write_json, disk_full_as, sha256_file
 from anchormass.errors import DataError
+from anchormass.utils import AtomicFile, atomic_write_json, disk_full_as, sha256_file
 
 TOKEN_DTYPE = "uint16"
 _CHECK_CHUNK = 1 << 24  # tokens per chunk when scanning ids (bounded memory on multi-GB files)

@@ -19,8 +19,8 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
-from anchormass.utils import atomic_write_bytes
 from anchormass.errors import DataError
+from anchormass.utils import atomic_write_bytes
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ROLE_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.eval.suite import EvalModel
 from anchormass.training.checkpoint import check_tokenizer, stored_path
 from anchormass.utils import sha256_file
-from anchormass.eval.suite import EvalModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

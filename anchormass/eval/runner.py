@@ -20,9 +20,10 @@ import torch
 
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
-from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sha256_file
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sha256_file
+
 
 def to_plain(cfg: Any) -> dict:
     """DictConfig (resolved) or mapping -> plain dict."""

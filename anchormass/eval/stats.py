@@ -8,7 +8,6 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-
 # Largest n whose 2^n sign flips the tied-rank permutation test enumerates (as a sum distribution).
 MAX_PERMUTATION_N = 25
 

@@ -24,21 +24,25 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
+from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
 from anchormass.data.datamodule import datamodule_config
 from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
-from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
-from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
-from anchormass.training.resume_point import (clean_checkpoint_folder, latest_checkpoint, make_last_the_newest,
-                                              recorded_step)
+from anchormass.training.preemption import TrainingInterrupted
+from anchormass.training.resume_point import (
+    clean_checkpoint_folder,
+    latest_checkpoint,
+    make_last_the_newest,
+    recorded_step,
+)
 from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 from anchormass.training.slurm_requeue import requeue_resume
+from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
 
 RESULT_FILE = "train_result.json"
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from anchormass.cache.policy import PolicyRegistry
 from anchormass.cache.slot_policies.adaptive import AdaptiveMerge
-from anchormass.cache.slot_policies.base import (EvictionPolicy, PairMergePolicy, SlotPolicy,
-                                                 slot_energy)
+from anchormass.cache.slot_policies.base import EvictionPolicy, PairMergePolicy, SlotPolicy, slot_energy
 from anchormass.cache.slot_policies.fifo import FifoEvict
 from anchormass.cache.slot_policies.priority import PriorityEvict
 from anchormass.cache.slot_policies.score_merge import ScoreMerge
 from anchormass.cache.slot_policies.uniform_merge import UniformMerge
-from anchormass.cache.policy import PolicyRegistry
 from anchormass.models.config import SLOT_POLICIES
 
 POLICIES = PolicyRegistry("slot policy", SlotPolicy, [AdaptiveMerge, ScoreMerge, UniformMerge, PriorityEvict, FifoEvict])

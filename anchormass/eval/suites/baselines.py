@@ -279,7 +279,7 @@ class BaselinesSuite(Suite):
 def score_vs_bytes(result: dict, path: Path) -> str:
     """One panel per task: score against stored KV KiB after the last token; colour = method,
     marker = length."""
-    from anchormass.eval.plots import save_figure, plt
+    from anchormass.eval.plots import plt, save_figure
 
     tasks = [t for t in ("ppl", "passkey") if any(r["task"] == t for r in result["rows"])]
     methods = list(dict.fromkeys(r["method"] for r in result["rows"]))

@@ -281,7 +281,7 @@ def _markdown(rows: list[dict], settings: dict, seeds: list) -> str:
 def frontier_plot(rows: list[dict], path: Path) -> str:
     """Rows: task; columns: length. Recall (y) against stored KV KiB (x, log): one line per method
     across budget levels; the full caches as stars."""
-    from anchormass.eval.plots import save_figure, plt
+    from anchormass.eval.plots import plt, save_figure
 
     lengths = sorted({r["length"] for r in rows})
     methods = sorted({r["method"] for r in rows if not r["method"].endswith("/full")})

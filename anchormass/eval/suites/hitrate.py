@@ -222,7 +222,7 @@ def overview(rate: np.ndarray) -> dict:
 
 def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
     """Layers (rows) x heads (columns), hit rate in [0, 1]."""
-    from anchormass.eval.plots import save_figure, annotated_heatmap, plt
+    from anchormass.eval.plots import annotated_heatmap, plt, save_figure
 
     n_layers, n_heads = rate.shape
     fig, ax = plt.subplots(figsize=(0.6 * n_heads + 2.5, 0.4 * n_layers + 1.8))

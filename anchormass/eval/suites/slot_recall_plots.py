@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anchormass.eval.plots import save_figure, plt
+from anchormass.eval.plots import plt, save_figure
 
 
 def recall_by_model(labels, cells, path: Path, shapes: dict | None = None) -> str:
