@@ -13,6 +13,7 @@ demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
 
 setup: $(STAMP)
