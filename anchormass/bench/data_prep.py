@@ -128,12 +128,14 @@ def render(result: dict) -> str:
     c = result["corpus"]
     lines = [f"data preparation: {c['bytes'] / 1e6:.1f} MB ({c['characters']:,} characters, the real text x "
              f"{c['repeats']}), {result['cpu_count']} CPUs, load average before {result['load_average_before'][0]:.2f}",
-             "| workers | seconds | tokens | tokens/s | speedup | CPU s main / workers | peak RSS main / largest worker / "
-             "total (MiB) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| workers | seconds | tokens | tokens/s | speedup | CPU s main / workers | "
+             "peak RSS main / largest worker / total (MiB) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["runs"]:
         p = r["peak_rss"]
         lines.append(f"| {r['workers']} | {r['seconds']} | {r['tokens']:,} | {r['tokens_per_s']:,} | {r['speedup']}x | "
-                     f"{r['cpu_main_s']} / {r['cpu_workers_s']} | {p['main_mib']} / {p['largest_worker_mib']} / {p['total_mib']} |")
+                     f"{r['cpu_main_s']} / {r['cpu_workers_s']} | "
+                     f"{p['main_mib']} / {p['largest_worker_mib']} / {p['total_mib']} |")
     lines.append(f"files byte-identical across runs: {result['files_identical']}")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""AnchorMass inference cache (docs/method.md §2.5): per layer a local ring, sinks, global slots with masses, a raw tail.
+"""AnchorMass inference cache (docs/method.md §2.5): per layer a local ring, sinks, global slots with masses,
+a raw tail.
 
 Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D):
   local ring  local_k/v [B, Hl, W, D]   the last W = cfg.window positions (ring slot = pos % W)

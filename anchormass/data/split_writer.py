@@ -51,7 +51,8 @@ class SplitWriter:
         """Per split: documents, characters, tokens, chars_per_token (meta.json's `splits`)."""
         for split, st in self.stats.items():
             if st["documents"] == 0:
-                raise DataError(f"the {split} split got no documents ({sum(s['documents'] for s in self.stats.values())}"
+                raise DataError(f"the {split} split got no documents "
+                                f"({sum(s['documents'] for s in self.stats.values())}"
                                 f" in the corpus, val_fraction {self.val_fraction}); the corpus is empty or too small")
         sides = {s: w.finish({"tokenizer_checksum": self.checksum, "source": self.source, "split": s})
                  for s, w in self.writers.items()}

@@ -111,7 +111,8 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
             character_coverage=character_coverage, normalization_rule_name="nfkc", byte_fallback=True,
-            split_digits=True, remove_extra_whitespaces=False, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            split_digits=True, remove_extra_whitespaces=False,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             user_defined_symbols=list(ROLE_MARKERS), input_sentence_size=max_sentences,
             shuffle_input_sentence=True, max_sentence_length=_MAX_SENTENCE_BYTES, num_threads=num_threads,
             hard_vocab_limit=hard_vocab_limit, minloglevel=2,

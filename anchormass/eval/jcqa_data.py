@@ -35,8 +35,10 @@ PRESETS = {
         "shot_sampling": "fixed",
     },
     "lm_eval_harness": {
-        "description": "以下は、タスクを説明する指示と、文脈のある入力の組み合わせです。要求を適切に満たす応答を書きなさい。\n\n",
-        "shot": "### 指示：\n出力は以下から選択してください：\n{choices}\n### 入力：\n{question}\n\n### 応答：\n{answer}\n\n",
+        "description": ("以下は、タスクを説明する指示と、文脈のある入力の組み合わせです。"
+                        "要求を適切に満たす応答を書きなさい。\n\n"),
+        "shot": ("### 指示：\n出力は以下から選択してください：\n{choices}\n"
+                 "### 入力：\n{question}\n\n### 応答：\n{answer}\n\n"),
         "query": "### 指示：\n出力は以下から選択してください：\n{choices}\n### 入力：\n{question}\n\n### 応答：",
         "choice": "- {choice}\n",
         "choices_sep": "",
@@ -147,7 +149,8 @@ def render(template: dict, q: dict, answer: bool) -> str:
 
 
 def build_prompt(template: dict, shots: list[dict], q: dict) -> str:
-    return template["description"] + "".join(render(template, s, answer=True) for s in shots) + render(template, q, answer=False)
+    return (template["description"] + "".join(render(template, s, answer=True) for s in shots)
+            + render(template, q, answer=False))
 
 
 def continuations(template: dict, q: dict) -> list[str]:

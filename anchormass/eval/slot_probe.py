@@ -124,7 +124,8 @@ class LayerView:
                           torch.ones(t + 1 - tail0)]).double()
         logits = (keys @ qkv.q[b, nl:, t, :, None]).squeeze(-1).double().cpu() * scale  # [Hg, K]
         bias = mass.log() if cfg.mass_bias else torch.where(mass > 0, 0.0, -math.inf).double()
-        spans = ([(j, j + 1) for j in range(n_sink)] + [(s + (i // 2) * g, s + (i // 2 + 1) * g) for i in range(2 * n_groups)]
+        spans = ([(j, j + 1) for j in range(n_sink)]
+                 + [(s + (i // 2) * g, s + (i // 2 + 1) * g) for i in range(2 * n_groups)]
                  + [(j, j + 1) for j in range(tail0, t + 1)])
         return torch.softmax(logits + bias, dim=-1), vals, spans
 

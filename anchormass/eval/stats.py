@@ -67,7 +67,8 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def paired_nll_by_length(nll_a: dict, nll_b: dict) -> dict:
     """Per length: wins for B (#(d_i > 0), d_i = NLL_A - NLL_B), the Wilcoxon p (and its method) and
-    the Holm p across the lengths given (holm_m of them: lengths that ran out of memory are not). nll_a / nll_b: {length: [mean NLL per anchor]} over identical anchors."""
+    the Holm p across the lengths given (holm_m of them: lengths that ran out of memory are not).
+    nll_a / nll_b: {length: [mean NLL per anchor]} over identical anchors."""
     lengths = list(nll_a)
     rows = {}
     for L in lengths:

@@ -15,12 +15,13 @@ import torch
 from anchormass.utils import atomic_write_text
 
 MODELING_FILE = "modeling_anchormass.py"
-MODELING_SOURCE = '''"""Written by anchormass (scripts/export_hf.py): the model code is the installed `anchormass` package."""
+MODELING_SOURCE = ('"""Written by anchormass (scripts/export_hf.py): '
+                   '''the model code is the installed `anchormass` package."""
 
 from anchormass.hf.modeling import AnchorMassForCausalLM, AnchorMassHFConfig
 
 __all__ = ["AnchorMassForCausalLM", "AnchorMassHFConfig"]
-'''
+''')
 AUTO_MAP = {"AutoConfig": "modeling_anchormass.AnchorMassHFConfig",
             "AutoModelForCausalLM": "modeling_anchormass.AnchorMassForCausalLM"}
 

@@ -41,7 +41,8 @@ def jcqa_local_changes(jglue_dir: str | Path) -> dict:
     """What jcqa_local changes in the harness's task: its name, local data, acc_norm beside acc."""
     return {"task": "jcqa_local", "dataset_path": "json", "dataset_name": None,
             "dataset_kwargs": {"data_files": {split: str(p.resolve()) for split, p in jcqa_files(jglue_dir).items()}},
-            "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")]}
+            "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
+                            for m in ("acc", "acc_norm")]}
 
 
 def jcqa_local_config(jglue_dir: str | Path) -> dict:

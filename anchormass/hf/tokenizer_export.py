@@ -26,7 +26,8 @@ from anchormass.errors import DataError
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{% if message['content'] %}<|system|>{{ message['content'] }}<|end|>{% endif %}"
+    "{% if message['role'] == 'system' %}"
+    "{% if message['content'] %}<|system|>{{ message['content'] }}<|end|>{% endif %}"
     "{% elif message['role'] == 'user' %}<|user|>{{ message['content'] }}<|end|>"
     "{% elif message['role'] == 'assistant' %}<|assistant|>{{ message['content'] }}<|end|>{{ eos_token }}"
     "{% else %}{{ raise_exception('unknown chat role: ' + message['role']) }}{% endif %}"

@@ -39,7 +39,8 @@ def rope_cos_sin(positions: torch.Tensor, base: float, head_dim: int,
 
 
 def sequence_cos_sin(lengths: list[int], t: int, theta: float, original_max_len: int, head_dim: int,
-                     device: torch.device | str, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+                     device: torch.device | str,
+                     dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for positions 0 .. t-1 of a right-padded batch whose sequence b has `lengths[b]` real tokens.
 
     Each sequence gets the base it would get alone, the one a session fixes for a prompt of that

@@ -284,7 +284,8 @@ def clean_before_resume(cfg: DictConfig, resume: str) -> str:
 def train(cfg: DictConfig) -> dict:
     """Run one stage; returns {'output_dir', 'last_checkpoint', 'metrics'}."""
     check_numbers(cfg, INT_SETTINGS)
-    # A job Slurm runs again after a requeue reruns its command: it continues its run folder (training/slurm_requeue.py).
+    # A job Slurm runs again after a requeue reruns its command: it continues its run folder
+    # (training/slurm_requeue.py).
     resume = cfg.get("ckpt_path") or requeue_resume(cfg.output_dir)
     if resume == "last":  # resolved here so its hparams are read too
         resume = str(last_of_run(Path(cfg.output_dir)))
@@ -334,7 +335,8 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
               "completed": interrupted is None and trainer.global_step == total,
               "stage": str(cfg.stage.name), "model": module.model_cfg.name}
     if trainer.is_global_zero:
-        atomic_write_json(out / RESULT_FILE, result, sort_keys=True, indent=2)  # the curriculum reads this to know a stage is done
+        # the curriculum reads this to know a stage is done
+        atomic_write_json(out / RESULT_FILE, result, sort_keys=True, indent=2)
     if interrupted is not None:
         raise interrupted
     return result

@@ -81,7 +81,8 @@ def status_text(task: Task) -> tuple[int, int | None, str]:
         return 0, None, f"starting ({clock(time.perf_counter() - task.started)})"
     loss = rec.get("loss")
     text = f"loss {loss:.4f}" if loss is not None else "loss -"
-    return int(rec["step"]), int(rec["total"]), f"{text}  {rate(rec.get('tokens_per_s'))}  ETA {clock(rec.get('eta_s'))}"
+    return (int(rec["step"]), int(rec["total"]),
+            f"{text}  {rate(rec.get('tokens_per_s'))}  ETA {clock(rec.get('eta_s'))}")
 
 
 class StageConsole:

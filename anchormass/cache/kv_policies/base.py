@@ -1,8 +1,8 @@
 """What a Standard-model KV policy is (docs/method.md §3), and the two pieces of maths they share.
 
 A policy (anchormass/cache/policy.py) is a dataclass whose fields are its hyperparameters plus
-`budget` (tokens kept per head), bound up front. One instance serves every layer of a cache: the per-layer state (scores, observation
-queries) lives in the `StandardLayerCache` it is handed, so policies stay stateless and can be
+`budget` (tokens kept per head), bound up front. One instance serves every layer of a cache: the per-layer state
+(scores, observation queries) lives in the `StandardLayerCache` it is handed, so policies stay stateless and can be
 shared or reused. The layer calls three hooks:
 
 - `on_attend(layer, q)`  after the chunk's k/v were appended (the chunk = the last T stored slots);

@@ -11,7 +11,8 @@ from anchormass.cache.slot_policies.score_merge import ScoreMerge
 from anchormass.cache.slot_policies.uniform_merge import UniformMerge
 from anchormass.models.config import SLOT_POLICIES
 
-POLICIES = PolicyRegistry("slot policy", SlotPolicy, [AdaptiveMerge, ScoreMerge, UniformMerge, PriorityEvict, FifoEvict])
+POLICIES = PolicyRegistry("slot policy", SlotPolicy,
+                          [AdaptiveMerge, ScoreMerge, UniformMerge, PriorityEvict, FifoEvict])
 # The config accepts exactly the registered names (ModelConfig.slot_policy is a Literal of them).
 if sorted(POLICIES) != sorted(SLOT_POLICIES):
     raise RuntimeError(f"slot policies {sorted(POLICIES)} != models.config.SlotPolicyName {sorted(SLOT_POLICIES)}")

@@ -133,7 +133,8 @@ class BaselinesSuite(Suite):
     # --------------------------------------------------------------- running
     def _ppl_item(self, method: Method, ids: torch.Tensor, context: int) -> dict:
         chunk = prefill_chunk(self.chunk, method.model)
-        lp, kv = session_logprobs(method.model.model, ids, context, chunk, self.score_chunk, method.policy, method.budget)
+        lp, kv = session_logprobs(method.model.model, ids, context, chunk, self.score_chunk,
+                                  method.policy, method.budget)
         nll = float(-lp.mean())
         return {"nll": nll, "ppl": math.exp(nll), **kv.as_dict()}
 
@@ -251,7 +252,8 @@ class BaselinesSuite(Suite):
                 "allocated KiB (prefill / peak)", "score", "n"]
         body = []
         for r in result["rows"]:
-            score = f"PPL {r['score']:.2f}" if r["task"] == "ppl" else f"{r['score']:.0%} exact, {r['digits']:.2f} digits"
+            score = (f"PPL {r['score']:.2f}" if r["task"] == "ppl"
+                     else f"{r['score']:.0%} exact, {r['digits']:.2f} digits")
             budget = "-" if r["budget"] is None else (f"{r['budget']} slots" if r["method"] == "anchormass"
                                                        else f"{r['budget']} tok/head")
             ratio = "-" if not r.get("target_stored") else (
@@ -261,7 +263,8 @@ class BaselinesSuite(Suite):
                          f"{r['allocated_prefill'] / KIB:,.1f} / {r['allocated_peak'] / KIB:,.1f}", score, r["n"]])
         target = ("The target of a level is AnchorMass's mean stored bytes after the last token"
                   if s["anchormass"] else "The target of a level is that many Standard tokens' K+V")
-        notes = sorted({f"{r['method']} {r['level']} L={r['length']:,}: {n}" for r in result["rows"] for n in r["notes"]})
+        notes = sorted({f"{r['method']} {r['level']} L={r['length']:,}: {n}"
+                        for r in result["rows"] for n in r["notes"]})
         text = (f"## KV compression baselines at equal stored KV bytes\n\n{tables.markdown(head, body)}\n"
                 f"Stored = keys, values and masses a method keeps (`cache.stored_nbytes`), at the end of the prefill "
                 f"and after the last token; allocated = its buffers (`cache.nbytes`). {target}; a Standard token "

@@ -69,7 +69,8 @@ class HitRateProbe(SnapKV):
         layer.state["hit_important"] += important.sum(dim=(2, 3)).double()
 
 
-def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int,
+               chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch of prompts [B, P]: (hits, important), each [layers, heads] summed over the batch."""
     cache = new_cache(model, batch_size=ids.shape[0], policy=probe)
     logits = generate.prefill(model, ids, cache, chunk).float()
@@ -182,7 +183,8 @@ class HitRateSuite(Suite):
                     if o["hit_rate_mean"] is None else
                     f"mean {_pct(o['hit_rate_mean'])} (random {_pct(_mean(chance))}), min {_pct(o['hit_rate_min'])}, "
                     f"heads above 80%: {o['heads_over_80pct']:.0%} of the heads with any important position")
-            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])} (random {_pct(c['chance'])})"
+            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])} "
+                                f"(random {_pct(c['chance'])})"
                                 for n, c in r.get("by_length", {}).items())
             out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}. Pooled over layers and heads, "
                        f"by prompt length: {per_len}.\n")

@@ -91,7 +91,8 @@ class JcqaSuite(Suite):
 
     def applies(self, ctx: EvalContext) -> str | None:
         if not any(self.opt(k) for k in ("dir", "valid", "hub")):
-            return "no JCommonsenseQA data: pass eval.jcqa.dir=<JGLUE folder>, eval.jcqa.valid=<jsonl> or eval.jcqa.hub=<name>"
+            return ("no JCommonsenseQA data: pass eval.jcqa.dir=<JGLUE folder>, eval.jcqa.valid=<jsonl> "
+                    "or eval.jcqa.hub=<name>")
         return None
 
     def check(self, ctx: EvalContext) -> None:
@@ -152,7 +153,8 @@ class JcqaSuite(Suite):
             if len(labels) == 2:
                 ra, rb = (result["rows"][lab] for lab in labels)
                 t = result[test]
-                cells += [f"{100 * (rb[key] - ra[key]) / ra['n']:+.2f}pt", f"p = {fmt_p(t['p'])} (b={t['b']}, c={t['c']})"]
+                cells += [f"{100 * (rb[key] - ra[key]) / ra['n']:+.2f}pt",
+                          f"p = {fmt_p(t['p'])} (b={t['b']}, c={t['c']})"]
             body.append(cells)
         shots = (f"train q_ids {result['shot_ids']} before every question" if result["shot_sampling"] == "fixed"
                  else "shots drawn per question, in order, from one generator seeded with shot_seed")

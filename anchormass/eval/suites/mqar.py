@@ -197,7 +197,8 @@ class MqarSuite(Suite):
                 f"{setting}; {result['n_items']} items per cell ({asked}; k/n counts queries); "
                 f"seed {result['seed']}, alpha {result['alpha']}. A query is correct when the argmax over "
                 "the whole vocabulary at the query key is its value (query region teacher-forced)."
-                + (" Stored KV bytes per item, at the end of the prefill / after the last query token." if cached else "")
+                + (" Stored KV bytes per item, at the end of the prefill / after the last query token."
+                   if cached else "")
                 + "\n")
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:

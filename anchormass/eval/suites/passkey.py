@@ -83,7 +83,8 @@ class PasskeySuite(Suite):
             rob = [r for r in records if r["length"] == self.rob_length and r["phrasing"] in self.rob_phrasings
                    and r["seed"] in rob_seeds]
             out["robustness"] = {"length": self.rob_length, "phrasings": self.rob_phrasings,
-                                 "by_phrasing": {lab: {p: tally([r for r in rob if r["model"] == lab and r["phrasing"] == p])
+                                 "by_phrasing": {lab: {p: tally([r for r in rob
+                                                                 if r["model"] == lab and r["phrasing"] == p])
                                                        for p in self.rob_phrasings} for lab in labels},
                                  "total": {lab: tally([r for r in rob if r["model"] == lab]) for lab in labels}}
         if ctx.paired:
@@ -104,7 +105,8 @@ class PasskeySuite(Suite):
             cells = [f"{L:,}"]
             for lab in labels:
                 c = result["by_length"][lab][L]
-                cells.append(OOM if c["oom"] == c["n"] else f"{tables.pct(c['exact'], c['n'])}, {c['digits_mean']:.2f} digits")
+                cells.append(OOM if c["oom"] == c["n"]
+                             else f"{tables.pct(c['exact'], c['n'])}, {c['digits_mean']:.2f} digits")
             if len(labels) == 2:
                 ca, cb = (result["by_length"][lab][L] for lab in labels)
                 cells += [f"{cb['exact'] - ca['exact']:+d}", fmt_p(result["paired"][L]["p"])]
@@ -117,7 +119,8 @@ class PasskeySuite(Suite):
             head = ["phrasing"] + [f"{lab} exact" for lab in labels]
             body = [[p] + [tables.pct(rob["by_phrasing"][lab][p]["exact"], rob["by_phrasing"][lab][p]["n"])
                            for lab in labels] for p in rob["phrasings"]]
-            body.append(["**total**"] + [tables.pct(rob["total"][lab]["exact"], rob["total"][lab]["n"]) for lab in labels])
+            body.append(["**total**"] + [tables.pct(rob["total"][lab]["exact"], rob["total"][lab]["n"])
+                                         for lab in labels])
             text += f"\n### Format robustness at {rob['length']:,} tokens\n\n{tables.markdown(head, body)}"
         return text
 

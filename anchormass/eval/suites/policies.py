@@ -80,7 +80,8 @@ class PoliciesSuite(Suite):
                                 for p in result["policies"]] for b in result["budgets"]]
             out.append(f"**{lab}**: needle depth ≤ {result['split_depth']}\n\n{tables.markdown(head, body)}")
             head = ["policy @ budget"] + [f"depth {d:g}" for d in result["depths"]]
-            body = [[f"{p} @ {b}"] + [tables.pct(cells[(p, b)]["by_depth"][d]["exact"], cells[(p, b)]["by_depth"][d]["n"])
+            body = [[f"{p} @ {b}"] + [tables.pct(cells[(p, b)]["by_depth"][d]["exact"],
+                                                 cells[(p, b)]["by_depth"][d]["n"])
                                       for d in result["depths"]] for b in result["budgets"] for p in result["policies"]]
             out.append(f"**{lab}**: by depth\n\n{tables.markdown(head, body)}")
         return "\n".join(out)

@@ -96,7 +96,8 @@ class PplSuite(Suite):
             rows.append(row)
         out = {"anchors": self.anchors, "targets_per_anchor": self.target_len - 1,
                "mode": self.opt("mode", "parallel"), "labels": labels, "rows": rows,
-               "items": [{"model": lab, "context": c, "anchor": a, "nll": (OOM if nll[lab][c] == OOM else nll[lab][c][j]),
+               "items": [{"model": lab, "context": c, "anchor": a,
+                          "nll": (OOM if nll[lab][c] == OOM else nll[lab][c][j]),
                           "ppl": (OOM if nll[lab][c] == OOM else math.exp(nll[lab][c][j]))}
                          for lab in labels for c in self.contexts for j, a in enumerate(self.anchors)]}
         if ctx.paired:
@@ -128,7 +129,8 @@ class PplSuite(Suite):
                 t = r.get("test")
                 cells.append("-" if t is None else f"{t['wins_b']} / {t['n']} (p_Holm={fmt_p(t['p_holm'])})")
             body.append(cells)
-        note = (f"{len(result['anchors'])} anchors, {result['targets_per_anchor']:,} identical target tokens per anchor "
+        note = (f"{len(result['anchors'])} anchors, "
+                f"{result['targets_per_anchor']:,} identical target tokens per anchor "
                 f"at every length (no bos; the first window token is context only); mode: {result['mode']}.")
         if len(labels) == 2:
             holm_m = result.get("holm", {}).get("m", len(result["rows"]))

@@ -47,7 +47,8 @@ class ProfileSuite(Suite):
             else:
                 out.append((m.label, m, None, None))
                 for spec in self.opt("standard_policies") or []:
-                    out.append((f"{m.label} + {spec['policy']}@{spec.get('budget')}", m, spec["policy"], spec.get("budget")))
+                    out.append((f"{m.label} + {spec['policy']}@{spec.get('budget')}", m,
+                                spec["policy"], spec.get("budget")))
         return out
 
     def _measure(self, ctx: EvalContext, m: EvalModel, policy, budget, length: int) -> dict:
@@ -120,7 +121,8 @@ class ProfileSuite(Suite):
         body = []
         for L in result["lengths"]:
             rs = [cell[(n, L)] for n in names]
-            kv = [OOM if r["status"] != "ok" else f"{r['kv_bytes'] / MIB:,.2f} ({r['peak_bytes'] / GIB:.2f})" for r in rs]
+            kv = [OOM if r["status"] != "ok" else f"{r['kv_bytes'] / MIB:,.2f} ({r['peak_bytes'] / GIB:.2f})"
+                  for r in rs]
             pre = " vs ".join(OOM if r["status"] != "ok" else f"{r['prefill_s']:.3f}" for r in rs)
             dec = " vs ".join(OOM if r["status"] != "ok" else f"{r['decode_tok_s']:.1f}" for r in rs)
             body.append([f"{L:,}"] + kv + [pre, dec])

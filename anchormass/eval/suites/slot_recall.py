@@ -129,7 +129,8 @@ class SlotRecallSuite(Suite):
         self.mode = self.opt("mode", "parallel")
         if self.mode not in ("parallel", "cached"):
             raise ConfigError(f"slot_recall.mode must be parallel or cached, got {self.mode!r}")
-        if self.mode == "parallel" and any(self.opt(k) is not None for k in ("policy", "budget", "kv_policy", "kv_budget")):
+        if (self.mode == "parallel"
+                and any(self.opt(k) is not None for k in ("policy", "budget", "kv_policy", "kv_budget"))):
             raise ConfigError("slot_recall: policy / budget / kv_policy / kv_budget apply to mode=cached only")
         if self.n_items < 1 or self.batch_size < 1:
             raise ConfigError("slot_recall: n_items and batch_size must be at least 1")
@@ -248,7 +249,8 @@ class SlotRecallSuite(Suite):
                                                        "group_size": m.config.group_size,
                                                        "n_layers": m.config.n_layers, "head_dim": m.config.head_dim}
                                              for m in self.models},
-                "left_out": self.left_out, "mode": self.mode, "policy": self.opt("policy"), "budget": self.opt("budget"),
+                "left_out": self.left_out, "mode": self.mode,
+                "policy": self.opt("policy"), "budget": self.opt("budget"),
                 "kv_policy": self.opt("kv_policy"), "kv_budget": self.opt("kv_budget"),
                 "n_items": self.n_items, "seed": self.seed, "vocab": self.vocab.as_dict(),
                 "tasks": [vars(s) for s in self.specs], "cells": list(cells.values()), "curves": curves,

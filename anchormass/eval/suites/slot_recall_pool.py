@@ -77,7 +77,8 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
         for lab in labels:  # the lossless control of the same shape decides whether the cell is a result
             controls = [c for c in labels if is_lossless(models[c]) and shape_of(models[c]) == shape_of(models[lab])]
             row[lab]["control_learned"] = (None if not controls else
-                                           all(row[c]["correct"] / max(1, row[c]["n"]) >= CONTROL_BAR for c in controls))
+                                           all(row[c]["correct"] / max(1, row[c]["n"]) >= CONTROL_BAR
+                                               for c in controls))
             # AnchorMass against each control of its shape (Standard twin, lossless slots) on identical questions
             twins = [c for c in labels if c != lab and shape_of(models[c]) == shape_of(models[lab])
                      and (models[c]["arch"] == "standard" or is_lossless(models[c]))]
@@ -102,11 +103,15 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
             std = "-" if acc["std"] is None else f"{100 * acc['std']:.1f}"
             layers = s["layers"]
             verdict = {None: "no control", True: "yes", False: "no: control < 80%"}[s["control_learned"]]
-            body.append([c["task"], shape_of(models[lab]), lab, f"{100 * acc['mean']:.1f} ± {std}" + (f" ({s['n_seeds']} seed)" if s["n_seeds"] < len(seeds) else ""),
+            body.append([c["task"], shape_of(models[lab]), lab,
+                         f"{100 * acc['mean']:.1f} ± {std}"
+                         + (f" ({s['n_seeds']} seed)" if s["n_seeds"] < len(seeds) else ""),
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
-                         "-" if s["paired"] is None else f"{s['paired']['b']}/{s['paired']['c']} ({fmt_p(s['paired']['p'])})",
+                         ("-" if s["paired"] is None
+                          else f"{s['paired']['b']}/{s['paired']['c']} ({fmt_p(s['paired']['p'])})"),
                          status_text(layers), fmt_share(layers[-1]["all_kept"]) if layers else "-",
-                         fmt_share(mean_present(lay["attn"] for lay in layers)), fmt_share(mean_present(lay["emit"] for lay in layers)),
+                         fmt_share(mean_present(lay["attn"] for lay in layers)),
+                         fmt_share(mean_present(lay["emit"] for lay in layers)),
                          f"{s['step_50'] if s['step_50'] is not None else '-'} / "
                          f"{s['step_80'] if s['step_80'] is not None else '-'}", verdict,
                          "; ".join(f"{c}: {m['b']}/{m['c']} ({fmt_p(m['p'])})" for c, m in s["vs_controls"].items())
