@@ -32,7 +32,8 @@ def run_chunks(layer, q, k, v, chunk):
 
 
 VARIANTS = {"odd": ODD, "no_mass_bias": TINY.replace(mass_bias=False), "no_outliers": ODD.replace(outliers=False),
-            "mean_key": ODD.replace(background_key="mean"), "all_global": TINY.replace(n_local_heads=0, n_global_heads=4),
+            "mean_key": ODD.replace(background_key="mean"),
+            "all_global": TINY.replace(n_local_heads=0, n_global_heads=4),
             "no_sinks": ODD.replace(n_sinks=0)}
 CASES = ([(TINY, t, chunk) for t in (5, 15, 100, 333) for chunk in (1, 7, 64, 1000)]
          + [(cfg, t, chunk) for cfg in VARIANTS.values() for t in (15, 150) for chunk in (1, 9, 1000)])

@@ -85,14 +85,16 @@ def test_prepare_data_names_the_missing_tokenizer_key(tmp_path):
     raw.write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))
     out = tmp_path / "alpaca"
     proc = run("scripts/prepare_data.py", ["data=alpaca", f"data.source.paths=[{raw}]", f"data.out_dir={out}"])
-    assert_one_line(proc, "data.tokenizer.path is required", "data.tokenizer.path=")   # was: tokenizer not found: .../???
+    # was: tokenizer not found: .../???
+    assert_one_line(proc, "data.tokenizer.path is required", "data.tokenizer.path=")
     assert not out.exists()
 
 
 @pytest.mark.parametrize("script, args, named", [
     ("scripts/prepare_data.py", ["data=demo", "data.tokenizr.vocab_size=100"],
      ["unknown key data.tokenizr.vocab_size", "did you mean data.tokenizer?"]),
-    ("evaluate.py", ["suite=ppl", "eval.ppl.contxts=[0]"], ["unknown key eval.ppl.contxts", "did you mean eval.ppl.contexts?"]),
+    ("evaluate.py", ["suite=ppl", "eval.ppl.contxts=[0]"],
+     ["unknown key eval.ppl.contxts", "did you mean eval.ppl.contexts?"]),
 ])
 def test_unknown_keys_of_the_other_entry_points(tmp_path, script, args, named):
     proc = run(script, [*args, f"out_dir={tmp_path / 'o'}"] if script == "evaluate.py" else args)

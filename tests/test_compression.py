@@ -15,7 +15,8 @@ def _cfg(**changes):
 
 def _keys(n, h=2, d=4):
     # Distinct, recognisable keys: key of token i, head j = (100*j + i) in every dimension.
-    idx = torch.arange(n, dtype=torch.float32)[None, :, None] + 100 * torch.arange(h, dtype=torch.float32)[:, None, None]
+    idx = (torch.arange(n, dtype=torch.float32)[None, :, None]
+           + 100 * torch.arange(h, dtype=torch.float32)[:, None, None])
     return idx.expand(h, n, d).clone()[None]  # [1, H, n, D]
 
 

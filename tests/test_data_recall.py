@@ -117,7 +117,8 @@ def test_code_copy_documents_repeat_their_digits():
 
     rng = random.Random(2)
     for _ in range(50):
-        first, second = re.fullmatch(r"The code is (\d+)\. Again, the code is (\d+)\.", code_copy_document(rng)).groups()
+        first, second = re.fullmatch(r"The code is (\d+)\. Again, the code is (\d+)\.",
+                                     code_copy_document(rng)).groups()
         assert first == second and 4 <= len(first) <= 8
 
 

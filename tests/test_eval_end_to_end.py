@@ -190,7 +190,8 @@ def test_full_preset_main_passkey_table_counts_only_the_main_grid(assets, tmp_pa
     per_length = res["by_length"]["anchormass_tiny"]
     assert {L: c["n"] for L, c in per_length.items()} == {"160": 2, "320": 2}
     assert res["heatmap_n"]["anchormass_tiny"] == [[1, 1], [1, 1]]  # length x depth
-    assert {p: c["n"] for p, c in res["robustness"]["by_phrasing"]["anchormass_tiny"].items()} == {"plain": 6, "memo": 6}
+    by_phrasing = res["robustness"]["by_phrasing"]["anchormass_tiny"]
+    assert {p: c["n"] for p, c in by_phrasing.items()} == {"plain": 6, "memo": 6}
 
 
 def test_results_carry_provenance_checkpoint_hash_versions_and_git_state(assets, tmp_path):

@@ -72,8 +72,10 @@ def _result(outcomes: dict[str, list[bool]], stored: float = 100.0) -> dict:
 
 
 def test_seeds_pool_into_mean_std_wilson_and_mcnemar():
-    seed0 = _result({"anchormass/adaptive": [True, True, True, False], "standard/snapkv": [False, True, False, False]})
-    seed1 = _result({"anchormass/adaptive": [True, True, False, False], "standard/snapkv": [False, False, False, False]})
+    seed0 = _result({"anchormass/adaptive": [True, True, True, False],
+                     "standard/snapkv": [False, True, False, False]})
+    seed1 = _result({"anchormass/adaptive": [True, True, False, False],
+                     "standard/snapkv": [False, False, False, False]})
     agg = RecallFrontierSuite.aggregate([seed0, seed1], [0, 1])
     rows = {r["method"]: r for r in agg["json"]["rows"]}
     am, snap = rows["anchormass/adaptive"], rows["standard/snapkv"]

@@ -170,7 +170,8 @@ def test_both_templates_render_question_0_as_documented():
     first_shot = ("### 指示：\n出力は以下から選択してください：\n- 空\n- オレゴン州\n- 街\n- 歩道橋\n- 近辺\n\n"
                   "### 入力：\nある場所の周辺地域を指す言葉は？\n\n### 応答：\n近辺\n\n")
     prompt = build_prompt(harness, shots[0], valid[0])
-    assert prompt.startswith("以下は、タスクを説明する指示と、文脈のある入力の組み合わせです。要求を適切に満たす応答を書きなさい。"
+    assert prompt.startswith("以下は、タスクを説明する指示と、文脈のある入力の組み合わせです。"
+                             "要求を適切に満たす応答を書きなさい。"
                              "\n\n" + first_shot)
     assert prompt.endswith("バスタブにお湯をためる\n\n" + block) and prompt.count("### 応答：") == 4
     assert continuations(harness, valid[0])[2] == "\nマザーボード"

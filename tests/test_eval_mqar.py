@@ -150,7 +150,8 @@ def test_bad_input_is_one_line_in_check():
     msg = str(err.value)
     assert "\n" not in msg and "token ids up to 599 need a vocabulary of at least 600; the model has 500" in msg
     for over, words in [({"n_pairs": [40]}, "need at least"), ({"mode": "fast"}, "parallel or cached"),
-                        ({"vocab": {"keys": [0, 10]}}, "needs keys"), ({"vocab": "abc"}, "needs keys"), ({"policy": "snapkv"}, "cached only"),
+                        ({"vocab": {"keys": [0, 10]}}, "needs keys"), ({"vocab": "abc"}, "needs keys"),
+                        ({"policy": "snapkv"}, "cached only"),
                         ({"n_queries": 0}, "at least 1"), ({"lengths": "abc"}, "non-empty list of integers"),
                         ({"n_pairs": []}, "non-empty list"), ({"n_items": "x"}, "mqar.n_items must be a number")]:
         with pytest.raises(ConfigError, match=words):

@@ -31,7 +31,8 @@ def out_of_memory_at_320(monkeypatch):
 def test_oom_cells_are_missing_from_the_summary(tmp_path, out_of_memory_at_320):
     demo = tiny_datasets(tmp_path / "data")["pretrain"]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("evaluate", overrides=["suite=[passkey,policies]", "model=anchormass_tiny", "model.vocab_size=400",
+        cfg = compose("evaluate", overrides=["suite=[passkey,policies]", "model=anchormass_tiny",
+                                             "model.vocab_size=400",
                                              f"tokenizer={demo / 'tokenizer.model'}", "eval.passkey.robustness=null",
                                              "eval.policies.budgets=[16]", "eval.policies.policies=[fifo]",
                                              f"out_dir={tmp_path / 'run'}", "progress=false"])

@@ -156,7 +156,8 @@ def test_flipped_in_range_id_is_refused_when_a_run_starts(data, tmp_path):
     ids.flush()
     del ids
     open_tokens(copy / "train.bin", vocab_size=400)  # the cheap open-time checks cannot see it
-    with pytest.raises(DataError, match=r"token file .*train\.bin is corrupt: its sha256 .*re-run scripts/prepare_data"):
+    with pytest.raises(DataError,
+                       match=r"token file .*train\.bin is corrupt: its sha256 .*re-run scripts/prepare_data"):
         verify_dataset(copy)
     out = tmp_path / "run"
     with pytest.raises(DataError, match=r"train\.bin is corrupt"):
@@ -290,7 +291,8 @@ def test_prepare_data_disk_full_is_one_line_and_keeps_the_old_dataset(data, tmp_
     out = tmp_path / "demo"
     shutil.copytree(data["pretrain"], out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    proc = run_cli([sys.executable, "-c", PATCH_THEN_RUN.format(patch=DATASET_DISK_FULL.format(tests=str(REPO / "tests"))),
+    patch = DATASET_DISK_FULL.format(tests=str(REPO / "tests"))
+    proc = run_cli([sys.executable, "-c", PATCH_THEN_RUN.format(patch=patch),
                     str(REPO / "scripts" / "prepare_data.py"), "data=demo", f"data.out_dir={out}",
                     "data.source.params.n_docs=20", "data.tokenizer.vocab_size=400"])
     line = one_error_line(proc)

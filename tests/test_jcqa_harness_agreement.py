@@ -33,7 +33,8 @@ def _rows(n: int, offset: int) -> list[dict]:
 def test_jcqa_and_the_harness_agree_per_question(preset, tmp_path):
     tok = tiny_tokenizer(tmp_path)
     for name, rows in (("train-v1.3.json", _rows(12, 100)), ("valid-v1.3.json", _rows(N_VALID, 0))):
-        (tmp_path / name).write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+        (tmp_path / name).write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n",
+                                     encoding="utf-8")
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=[
             "suite=[jcqa,lm_eval]", "tasks=[jcqa_local]", f"model={preset}", f"model.vocab_size={VOCAB}",

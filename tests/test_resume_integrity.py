@@ -172,7 +172,8 @@ def test_resume_point_is_the_highest_recorded_step_not_the_name(data, tmp_path, 
     done = tmp_path / "done"
     train(compose_train(over, done))
     old = tmp_path / "old"
-    train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt", "+callbacks.stop.step=2"], old))
+    train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt",
+                         "+callbacks.stop.step=2"], old))
     # A folder whose last.ckpt is stale (step 2) beside a newer checkpoint under another name,
     # as today's `cp -r` + resume leaves it (last-v1.ckpt).
     run = tmp_path / "run"
@@ -194,7 +195,8 @@ def folder_bytes(out: Path) -> dict[str, bytes]:
 def test_a_resume_with_changed_settings_is_refused_in_one_line_and_writes_nothing(data, tmp_path):
     out = tmp_path / "run"
     over = [f"data_dir={data['pretrain']}", *FAST, "stage.total_steps=4", "logger=csv"]
-    train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt", "+callbacks.stop.step=2"], out))
+    train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt",
+                         "+callbacks.stop.step=2"], out))
     before = folder_bytes(out)
     with pytest.raises(ConfigError) as err:  # exit 2 and one `error:` line through anchormass.cli
         train(compose_train([*over, "ckpt_path=last", "stage.lr=1e-3", "stage.total_steps=8", "seed=7"], out))

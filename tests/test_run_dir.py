@@ -60,7 +60,8 @@ def test_concurrent_launch_into_the_same_folder_is_refused_in_one_line(data, tmp
     over = [f"data_dir={data['pretrain']}", *FAST, "stage.total_steps=4"]
     # The first run waits after step 1 (holding its folder) until the test lets it go on.
     go_on = tmp_path / "go_on"
-    hold = ["+callbacks.hold._target_=test_run_dir.HoldUntil", "+callbacks.hold.step=1", f"+callbacks.hold.path={go_on}"]
+    hold = ["+callbacks.hold._target_=test_run_dir.HoldUntil", "+callbacks.hold.step=1",
+            f"+callbacks.hold.path={go_on}"]
     first = subprocess.Popen(train_cmd(over + hold, out), cwd=REPO, env=subprocess_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -123,7 +124,8 @@ def test_fresh_run_over_another_runs_checkpoints_is_refused(data, tmp_path):
     assert not (out / LOCK_FILE).exists()
 
     # Resuming is allowed: the same run goes on to step 4 in the same files.
-    resumed = train(compose_train([*over, "stage.total_steps=4", "resume_overrides=[stage.total_steps]", "ckpt_path=last"], out))
+    resumed = train(compose_train([*over, "stage.total_steps=4", "resume_overrides=[stage.total_steps]",
+                                   "ckpt_path=last"], out))
     assert resumed["global_step"] == 4
     assert ckpt_names(out) == ["last.ckpt", "step-0000002.ckpt", "step-0000004.ckpt"]
 
@@ -184,6 +186,7 @@ def test_prepare_removes_staging_folders_left_by_a_killed_prepare(tmp_path):
 def test_prepare_refuses_while_another_prepare_of_the_same_folder_runs(tmp_path):
     with DirLock(tmp_path / ".tiny.lock", "held by the test"):
         (tmp_path / ".tiny.staging-live").mkdir()  # the running prepare's: must survive
-        with pytest.raises(FolderBusy, match=f"dataset folder .*tiny is in use by another process \\(pid {os.getpid()}"):
+        with pytest.raises(FolderBusy,
+                           match=f"dataset folder .*tiny is in use by another process \\(pid {os.getpid()}"):
             tiny_pretrain(tmp_path / "tiny")
         assert (tmp_path / ".tiny.staging-live").is_dir()

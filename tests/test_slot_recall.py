@@ -201,7 +201,8 @@ def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_o
     the parallel forward); a model scored under only some seeds is pooled over those and says so."""
     from anchormass.eval.suites.slot_recall_pool import pool_seeds
 
-    cached = _suite_result(tmp_path, "c", mode="cached", policy="fifo", budget=16, kv_policy="streaming_llm", kv_budget=32, labels=["am", "std"])
+    cached = _suite_result(tmp_path, "c", mode="cached", policy="fifo", budget=16, kv_policy="streaming_llm",
+                           kv_budget=32, labels=["am", "std"])
     assert cached["mode"] == "cached" and cached["policy"] == "fifo" and len(cached["items"]) == 2 * (2 * 2 + 2)
     assert all("layers" in r for r in cached["items"])
     other = _suite_result(tmp_path, "p", labels=["am", "extra"])
@@ -215,7 +216,8 @@ def test_suite_through_the_cache_and_pooled_over_seeds_with_a_model_missing_in_o
         pool_seeds([{**other, "labels": ["extra", "am"]}, cached], [0, 1])
     both = pool_seeds([cached, cached], [0, 1])  # AnchorMass against the Standard twin of its shape, paired
     vs = both["json"]["cells"][0]["am"]["vs_controls"]
-    by = {lab: [r["correct"] for r in cached["items"] if r["model"] == lab and r["task"] == "kv"] for lab in ("am", "std")}
+    by = {lab: [r["correct"] for r in cached["items"] if r["model"] == lab and r["task"] == "kv"]
+          for lab in ("am", "std")}
     b = sum(x and not y for x, y in zip(by["am"], by["std"]))
     c = sum(y and not x for x, y in zip(by["am"], by["std"]))
     assert list(vs) == ["std"] and (vs["std"]["b"], vs["std"]["c"]) == (2 * b, 2 * c)

@@ -39,7 +39,8 @@ def test_a_sweep_of_a_shortened_stage_then_its_continuation(data, tmp_path):
 
     again = sweep(out, data, "hydra.sweeper.n_trials=3")   # the same command, one more trial wanted
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "note: continuing the sweep" in again.stderr and "2 earlier trials (2 told to Optuna), 1 to go" in again.stderr
+    assert ("note: continuing the sweep" in again.stderr
+            and "2 earlier trials (2 told to Optuna), 1 to go" in again.stderr)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["0", "1", "2"]   # a new folder, none reused
     assert json.loads((out / "2" / "train_result.json").read_text())["metrics"]["val/loss"] > 0
     values = {t: json.loads((out / t / "train_result.json").read_text())["metrics"]["val/loss"] for t in "012"}
