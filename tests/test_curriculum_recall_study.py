@@ -11,7 +11,8 @@ from _train_helpers import REPO, subprocess_env
 
 TINY_STAGES = ["stage.total_steps=2", "stage.val_every=1", "stage.val_batches=1", "stage.ckpt_every=2",
                "stage.warmup_steps=1", "stage.global_batch_size=2", "stage.micro_batch_size=2"]
-TINY_EVAL = ("curriculum.eval_overrides=['eval.recall_frontier.lengths=[64,128]','eval.recall_frontier.slot_budgets=[8]',"
+TINY_EVAL = ("curriculum.eval_overrides=['eval.recall_frontier.lengths=[64,128]',"
+             "'eval.recall_frontier.slot_budgets=[8]',"
              "'eval.recall_frontier.slot_policies=[adaptive,fifo]','eval.recall_frontier.kv_policies=[streaming_llm,snapkv]',"
              "'eval.recall_frontier.mqar.n_items=2','eval.recall_frontier.mqar.n_pairs=4',"
              "'eval.recall_frontier.passkey.depths=[0.5]','eval.recall_frontier.passkey.seeds=[0,1]']")

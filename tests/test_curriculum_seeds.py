@@ -84,13 +84,15 @@ def test_bad_model_entries_are_one_line_errors(models, match):
 def test_evaluate_pairs_default_to_the_first_two_models_and_run_per_seed(tmp_path):
     cfg = curriculum(models=["standard_tiny", "anchormass_tiny", VARIANT], seeds=[3, 5],
                      evaluate=[{"name": "main", "stage": "warmup_4k", "overrides": ["suite=ppl"]},
-                               {"name": "ablation", "stage": "pretrain_1k", "pair": ["anchormass_tiny", "no_outliers"]}])
+                               {"name": "ablation", "stage": "pretrain_1k",
+                                "pair": ["anchormass_tiny", "no_outliers"]}])
     assert [(e.name, e.a, e.b) for e in cfg.evaluate] == [
         ("main", "standard_tiny", "anchormass_tiny"), ("ablation", "anchormass_tiny", "no_outliers")]
     root = tmp_path / "c"
     jobs = report_jobs(cfg, planned_runs(cfg, tmp_path, []), root)
     assert [(j.name, j.seed, j.a.model, j.b.model, j.a.stage) for j in jobs] == [
-        ("main", 3, "standard_tiny", "anchormass_tiny", "warmup_4k"), ("main", 5, "standard_tiny", "anchormass_tiny", "warmup_4k"),
+        ("main", 3, "standard_tiny", "anchormass_tiny", "warmup_4k"),
+        ("main", 5, "standard_tiny", "anchormass_tiny", "warmup_4k"),
         ("ablation", 3, "anchormass_tiny", "no_outliers", "pretrain_1k"),
         ("ablation", 5, "anchormass_tiny", "no_outliers", "pretrain_1k")]
     assert jobs[1].out_dir == root / "report" / "main" / "seed5" and jobs[1].overrides == ["suite=ppl"]
@@ -182,8 +184,8 @@ def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):
 ])
 def test_bad_per_model_routes_are_one_line_errors(tmp_path, model, message):
     with pytest.raises(ConfigError, match=message):
-        planned_runs(curriculum(seeds=[0], models=["standard_tiny", {"name": "b", "model": "anchormass_tiny", **model}]),
-             tmp_path, [])
+        variant = {"name": "b", "model": "anchormass_tiny", **model}
+        planned_runs(curriculum(seeds=[0], models=["standard_tiny", variant]), tmp_path, [])
 
 
 def test_repeated_stage_names_are_refused():

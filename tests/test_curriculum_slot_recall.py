@@ -20,8 +20,10 @@ ALSO = ("eval.slot_recall.also=[{label: anchormass_faithful_g1, run: anchormass_
 # the study's models but the tiny_h8 shape (the faithful route is the same code, 2 CPU minutes more)
 MODELS = ("curriculum.models=[{name: standard_faithful, model: standard_tiny_h8, stages: [slot_recall_512]},"
           "{name: anchormass_faithful, model: anchormass_tiny_h8, stages: [slot_recall_512]},"
-          "{name: anchormass_faithful_g1, model: anchormass_tiny_h8, overrides: ['model.group_size=1'], stages: [slot_recall_512]},"
-          "{name: anchormass_faithful_up, model: anchormass_tiny_h8, stages: [slot_recall_short, slot_recall_512_up], seeds: [0]}]")
+          "{name: anchormass_faithful_g1, model: anchormass_tiny_h8, overrides: ['model.group_size=1'],"
+          " stages: [slot_recall_512]},"
+          "{name: anchormass_faithful_up, model: anchormass_tiny_h8, stages: [slot_recall_short, slot_recall_512_up],"
+          " seeds: [0]}]")
 EVAL = f"curriculum.eval_overrides=['eval.slot_recall.n_items=2','eval.slot_recall.curve.n_items=2',\"{ALSO}\"]"
 
 

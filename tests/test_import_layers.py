@@ -98,4 +98,5 @@ def test_the_check_catches_a_model_importing_the_cache(tmp_path):
         "anchormass/models/transformer.py: models (layer 4) imports cache (layer 5)",
     ]
     (pkg / "newpart.py").write_text("")
-    assert "anchormass/newpart.py: 'newpart' has no layer in tests/test_import_layers.py LAYERS" in layer_violations(pkg)
+    message = "anchormass/newpart.py: 'newpart' has no layer in tests/test_import_layers.py LAYERS"
+    assert message in layer_violations(pkg)

@@ -197,7 +197,8 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     summary = []
     for run in runs:
         res = run.result() or {}
-        summary.append({**({"seed": run.seed} if run.seed is not None else {}), "model": run.model, "stage": run.stage, "checkpoint": str(run.last_ckpt),
+        summary.append({**({"seed": run.seed} if run.seed is not None else {}), "model": run.model,
+                        "stage": run.stage, "checkpoint": str(run.last_ckpt),
                         "global_step": res.get("global_step"),
                         "train_loss": res.get("metrics", {}).get("train/loss"),
                         "val_loss": res.get("metrics", {}).get("val/loss")})

@@ -227,7 +227,8 @@ def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple
         pair = entry.get("pair")
         if pair is None:
             if len(labels) < 2:
-                raise ConfigError(f"the closing comparison needs two models, got curriculum.models=[{','.join(labels)}]; "
+                raise ConfigError("the closing comparison needs two models, got "
+                                  f"curriculum.models=[{','.join(labels)}]; "
                                   f"pass two models or evaluate=false")
             pair = labels[:2]
         pair = [str(p) for p in pair] if not isinstance(pair, str) else [pair]

@@ -49,7 +49,8 @@ def print_summary(console: StageConsole, summary: list[dict]) -> None:
 
     console.print(f"\n{seed('seed')}{'model':<{wm}}  {'stage':<{ws}}  {'step':>5}  {'train loss':>10}  {'val loss':>8}")
     for row in summary:
-        console.print(f"{seed(row.get('seed'))}{row['model']:<{wm}}  {row['stage']:<{ws}}  {row['global_step'] or 0:>5}  "
+        console.print(f"{seed(row.get('seed'))}{row['model']:<{wm}}  {row['stage']:<{ws}}  "
+                      f"{row['global_step'] or 0:>5}  "
                       f"{fmt(row['train_loss']):>10}  {fmt(row['val_loss']):>8}")
 
 
