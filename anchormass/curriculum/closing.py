@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from anchormass.curriculum.execute import run_step
+from anchormass.curriculum.execute import StageRun, run_step
 from anchormass.curriculum.recipe import Recipe
 from anchormass.eval.aggregate import write_aggregate
 from anchormass.training.stage_console import StageConsole, shown
@@ -26,13 +26,13 @@ class ReportJob:
     """One closing comparison: model `a` vs model `b` at a stage, under one training seed."""
     name: str  # the evaluate entry's name
     seed: int | None
-    a: object  # the two runs compared (anything with model, stage, seed, last_ckpt)
-    b: object
+    a: StageRun  # the two runs compared: A (ckpt=) and B (compare_ckpt=)
+    b: StageRun
     out_dir: Path
     overrides: list[str]
 
 
-def report_jobs(recipe: Recipe, runs: list, root: Path) -> list[ReportJob]:
+def report_jobs(recipe: Recipe, runs: list[StageRun], root: Path) -> list[ReportJob]:
     """Every evaluate.py call, entry by entry and seed by seed. The recipe's `eval_overrides` follow
     every entry's own (e.g. smaller evaluation sizes for a quick run). A model that does not train
     the entry's stage under a seed has no comparison there."""
@@ -48,7 +48,7 @@ def report_jobs(recipe: Recipe, runs: list, root: Path) -> list[ReportJob]:
     return jobs
 
 
-def evaluate(recipe: Recipe, runs: list, root: Path, console: StageConsole) -> list[Path]:
+def evaluate(recipe: Recipe, runs: list[StageRun], root: Path, console: StageConsole) -> list[Path]:
     """Run every comparison; with seeds, aggregate each entry over them; then the joined report."""
     reports: list[Path] = []
     per_entry: dict[str, list[ReportJob]] = {}

@@ -89,21 +89,20 @@ class Recipe:
     def seed_list(self) -> list[int | None]:
         return list(self.seeds) if self.seeds is not None else [None]
 
-    def stage(self, key: str) -> StageSpec:
-        return next(s for s in self.stages if s.key == key)
-
 
 def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 def _loose(entry: DictConfig) -> DictConfig:
-    """A copy free of the composed config's struct flag, so entries can be merged and extended."""
-    return OmegaConf.create(OmegaConf.to_container(entry, resolve=True))
+    """The entry without its `name` (the key says it), as a copy free of the composed config's struct
+    flag, so entries can be merged and extended."""
+    return OmegaConf.create({k: v for k, v in OmegaConf.to_container(entry, resolve=True).items() if k != "name"})
 
 
 def _keyed(cfg: DictConfig, field: str, key_of) -> dict[str, DictConfig]:
-    """A mapping field (key -> entry; null entries removed) or a list of entries keyed by `key_of`."""
+    """A mapping field (key -> entry; null entries removed) or a list of entries keyed by `key_of`;
+    either way the entries come without their `name` key."""
     raw = cfg.get(field)
     if raw is None:
         return {}
@@ -210,7 +209,6 @@ def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple
     not surface after hours of it."""
     out = []
     for name, entry in _keyed(cfg, "evaluate", lambda e: str(e.get("name"))).items():
-        entry = OmegaConf.masked_copy(entry, [k for k in entry if k != "name"])
         unknown = set(entry.keys()) - EVAL_KEYS
         if name == "None" or entry.get("stage") not in stages or unknown:
             raise ConfigError(f"curriculum {cfg.name}: an evaluate entry needs a name and one of the stages "
@@ -249,8 +247,7 @@ def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")
     entries = _resolve_like(str(cfg.name), _keyed(cfg, "stages", lambda e: str(e.get("name") or e.get("stage"))))
-    stages = tuple(_stage(str(cfg.name), key, OmegaConf.masked_copy(e, [k for k in e if k != "name"]))
-                   for key, e in entries.items())
+    stages = tuple(_stage(str(cfg.name), key, e) for key, e in entries.items())
     seeds = _seeds(cfg)
     models = _models(cfg, [s.key for s in stages], seeds)
     evaluate = _evaluations(cfg, [m.name for m in models], [s.key for s in stages]) if with_evaluate else ()

@@ -200,13 +200,12 @@ DATAMODULE_OF_KIND = {"pretrain": PretrainDataModule, "sft": SFTDataModule}
 def datamodule_config(node, kind: str):
     """A stage's `datamodule` config with the `_target_` its data's kind needs; a `_target_` the
     config sets itself (a DataModule of one's own) is kept."""
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     if kind not in DATAMODULE_OF_KIND:
         raise DataError(f"no DataModule reads '{kind}' data (known kinds: {', '.join(DATAMODULE_OF_KIND)})")
-    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))  # resolved, not struct: extendable
     if node.get("_target_") is None:
         cls = DATAMODULE_OF_KIND[kind]
-        with open_dict(node):
-            node._target_ = f"{cls.__module__}.{cls.__qualname__}"
+        node._target_ = f"{cls.__module__}.{cls.__qualname__}"
     return node
