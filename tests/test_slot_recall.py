@@ -12,6 +12,7 @@ from anchormass.data.slot_recall import (
     TaskSpec,
     assert_disjoint,
     make_item,
+    recall_free_rate,
     task_specs,
     training_examples,
 )
@@ -26,6 +27,27 @@ VOCAB = SlotRecallVocab()
 
 def _in(ids, rng):
     return all(rng[0] <= i < rng[1] for i in ids)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_recall_free_rate_is_the_hit_rate_of_guessing_among_the_answer_ids_in_context(task):
+    """The reference is checked against a simulated guesser: it draws each answer token uniformly from
+    the distinct answer-type ids before the question, and its hit rate must match the formula."""
+    import numpy as np
+
+    spec = TaskSpec(task, 513)
+    lo, hi = VOCAB.digits if task == "passkey" else VOCAB.values
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        it = make_item(VOCAB, spec, "eval", 0, i)
+        for q in it.questions:
+            pool = sorted({t for t in it.ids[:min(q.predict) + 1] if lo <= t < hi})
+            answer = [it.ids[t + 1] for t in q.predict]
+            assert set(answer) <= set(pool)  # the answers are among the ids guessed from
+            hits = np.mean([[int(x) for x in rng.choice(pool, size=len(answer))] == answer for _ in range(4000)])
+            rate = recall_free_rate(VOCAB, it, q)
+            assert rate == pytest.approx(len(pool) ** -len(answer))
+            assert abs(hits - rate) < 4 * np.sqrt(rate * (1 - rate) / 4000) + 1e-9
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -224,6 +224,17 @@ def make_item(vocab: SlotRecallVocab, spec: TaskSpec, split: str, seed: int, ind
     return item
 
 
+def recall_free_rate(vocab: SlotRecallVocab, item: RecallItem, question: Question) -> float:
+    """Expected accuracy on `question` of a model that recalls nothing about which fact was asked:
+    it knows which ids can be answers (the values, or the digits) and guesses each answer token
+    uniformly among the distinct ones in the context before the question. A kv item with 4 facts
+    whose values differ is answered this way 1 time in 4, a span item with 2 facts 1 in 2, so a
+    measured rate is recall only by how far it lies above this reference (docs/method.md §6 i)."""
+    lo, hi = vocab.digits if item.task == "passkey" else vocab.values
+    seen = {t for t in item.ids[:min(question.predict) + 1] if lo <= t < hi}
+    return 1.0 / max(1, len(seen)) ** len(question.predict)
+
+
 def assert_disjoint(train: Iterable[RecallItem], held_out: Iterable[RecallItem]) -> None:
     """ConfigError if any held-out item's tokens equal a training item's (the check behind "never trained on")."""
     seen = {tuple(it.ids) for it in train}

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from anchormass.config_checks import check_numbers
-from anchormass.data.slot_recall import TASKS, SlotRecallVocab, TaskSpec, make_item
+from anchormass.data.slot_recall import TASKS, SlotRecallVocab, TaskSpec, make_item, recall_free_rate
 from anchormass.errors import ConfigError
 from anchormass.eval import tables
 from anchormass.eval.common import fmt_p, progress
@@ -46,7 +46,8 @@ def _rate(k: int, n: int) -> dict:
     return {"correct": k, "n": n, "acc": k / n if n else float("nan"), "ci": [lo, hi]}
 
 
-def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, probe: bool = True) -> list[dict]:
+def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, probe: bool = True,
+                vocab: SlotRecallVocab | None = None) -> list[dict]:
     """One record per question of `items` (one task and length: shared scored positions)."""
     positions = [p for q in items[0].questions for p in q.predict]
     ids = torch.tensor([it.ids[:-1] for it in items], dtype=torch.long, device=next(model.parameters()).device)
@@ -69,6 +70,8 @@ def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, p
             correct = all(int(pred[b, col[t]]) == it.ids[t + 1] for t in q.predict)
             rec = {"task": it.task, "length": len(it.ids), "item": it.index, "query": qi, "correct": bool(correct),
                    "distance": q.distance}
+            if vocab is not None:
+                rec["recall_free"] = recall_free_rate(vocab, it, q)
             if views is not None:
                 first = min(q.predict)
                 layers = []
@@ -85,8 +88,10 @@ def score_batch(model, items, mode: str, chunk=None, policy=None, budget=None, p
 
 
 def cell_summary(records: list[dict], n_layers: int) -> dict:
-    """Accuracy with CI, and per layer: answer-copy status fractions, all-kept rate, attention, emit rate."""
+    """Accuracy with CI, the recall-free reference, and per layer: answer-copy status fractions,
+    all-kept rate, attention, emit rate."""
     out = _rate(sum(r["correct"] for r in records), len(records))
+    out["recall_free"] = mean_present(r.get("recall_free") for r in records)
     probed = [r for r in records if "layers" in r]
     if probed:
         layers = []
@@ -202,7 +207,7 @@ class SlotRecallSuite(Suite):
         items, recs = self.items(spec, n), []
         for s in range(0, len(items), self.batch_size):
             recs += score_batch(model, items[s:s + self.batch_size], self.mode if probe else "parallel",
-                                self.opt("chunk"), *self.session(model), probe=probe)
+                                self.opt("chunk"), *self.session(model), probe=probe, vocab=self.vocab)
         return recs
 
     def _curve(self, m: EvalModel) -> list[dict]:
@@ -218,7 +223,8 @@ class SlotRecallSuite(Suite):
             accs = {}
             for spec in self.specs:
                 recs = self._score(model, spec, self.curve_items, probe=False)
-                accs[f"{spec.task}/{spec.length}"] = _rate(sum(r["correct"] for r in recs), len(recs))
+                accs[f"{spec.task}/{spec.length}"] = {**_rate(sum(r["correct"] for r in recs), len(recs)),
+                                                      "recall_free": mean_present(r.get("recall_free") for r in recs)}
             points.append({"step": step, "cells": accs})
         return points
 
@@ -277,7 +283,7 @@ class SlotRecallSuite(Suite):
 
 
 def render_table(labels, cells, models, result) -> str:
-    head = ["task", "length", "model", "accuracy [95% CI]", "vs " + labels[0] + " (McNemar p)",
+    head = ["task", "length", "model", "accuracy [95% CI]", "recall-free", "vs " + labels[0] + " (McNemar p)",
             "answer copies: outlier / anchor / averaged %", "all answer tokens kept (last layer)",
             "attention on fact (mean over layers)", "emit rate (mean over layers)"]
     body = []
@@ -289,6 +295,7 @@ def render_table(labels, cells, models, result) -> str:
             paired = (c.get("paired") or {}).get(lab)
             body.append([c["task"], f"{c['length'] - 1:,}", lab,
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
+                         fmt_share(s.get("recall_free")),
                          "-" if paired is None else f"{paired['b']}/{paired['c']} (p {fmt_p(paired['p'])})",
                          status_text(layers), fmt_share(layers[-1]["all_kept"]) if layers else "-",
                          fmt_share(mean_present(lay["attn"] for lay in layers)), fmt_share(emit)])
@@ -305,7 +312,9 @@ def render_table(labels, cells, models, result) -> str:
                 for i, lay in enumerate(layers)))
     return ("## Recall through slots (the slot-recall ladder)\n\n" + tables.markdown(head, body) +
             f"\n{setting}; {result['n_items']} held-out items per task (split `eval`, seed {result['seed']}); a "
-            "question is correct when every answer token is the argmax (teacher-forced). McNemar: b/c = "
+            "question is correct when every answer token is the argmax (teacher-forced). Recall-free: the rate a model "
+            "that guesses each answer token among the distinct answer-type ids (values / digits) in its context would "
+            "reach, the floor a rate must clear to show recall. McNemar: b/c = "
             f"{labels[0]} right and the model wrong / the reverse. Answer copies, kept tokens, attention and emit "
             "rate come from the parallel forward (stage 1 only): outlier = own slot, anchor = its key anchors "
             "the group's background slot, averaged = only in the background mean.\n" + "\n".join(per_layer) + "\n")

@@ -70,6 +70,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
             common = sorted(set(pairs[labels[0]]) & set(pairs[lab]))
             curve = mean_curves(per_seed, lab).get(key, [])
             row[lab] = {"acc": scalar_stats([p["acc"] for p in per]), "correct": k, "n": n, "n_seeds": len(per),
+                        "recall_free": mean_present(p.get("recall_free") for p in per),
                         "ci": list(wilson_interval(k, n)), "layers": layers,
                         "paired": None if lab == labels[0] else mcnemar_exact(
                             [pairs[labels[0]][x] for x in common], [pairs[lab][x] for x in common]),
@@ -92,7 +93,7 @@ def pool_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
 
 
 def pooled_markdown(labels, models, cells, seeds) -> str:
-    head = ["task", "shape", "model", "acc mean ± std", "pooled [95% CI]", f"vs {labels[0]}: b/c (p)",
+    head = ["task", "shape", "model", "acc mean ± std", "pooled [95% CI]", "recall-free", f"vs {labels[0]}: b/c (p)",
             "answer copies outlier / anchor / averaged %", "all kept (last layer)", "attention on fact",
             "emit rate", "steps to 50% / 80%", "result?", "vs its shape's controls: b/c (p)"]
     body = []
@@ -107,6 +108,7 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
                          f"{100 * acc['mean']:.1f} ± {std}"
                          + (f" ({s['n_seeds']} seed)" if s["n_seeds"] < len(seeds) else ""),
                          f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]",
+                         fmt_share(s.get("recall_free")),
                          ("-" if s["paired"] is None
                           else f"{s['paired']['b']}/{s['paired']['c']} ({fmt_p(s['paired']['p'])})"),
                          status_text(layers), fmt_share(layers[-1]["all_kept"]) if layers else "-",
@@ -118,7 +120,8 @@ def pooled_markdown(labels, models, cells, seeds) -> str:
                          or "-"])
     return ("## Recall through slots over training seeds\n\n" + tables.markdown(head, body) +
             f"\nseeds {', '.join(map(str, seeds))}; acc mean ± std over the seeds (percent; a model trained under "
-            "fewer seeds says how many), pooled Wilson interval, "
+            "fewer seeds says how many), pooled Wilson interval, recall-free = the rate of guessing each answer token "
+            "among the distinct answer-type ids in the context (no recall), "
             f"exact McNemar against {labels[0]}, and of each AnchorMass model against the Standard twin and the "
             "lossless control of its shape (b: the model right, the control wrong), over the pooled (seed, item, "
             "question) pairs; probes averaged over "
