@@ -4,6 +4,7 @@ variable-distance copying) and print held-out accuracy against steps.
 
     python scripts/recall_probe.py                                   # standard_tiny on MQAR, 1000 steps
     python scripts/recall_probe.py task=copy preset=anchormass_tiny steps=2000
+    python scripts/recall_probe.py task=slot_recall preset=standard_faithful vocab_size=512 seq_len=512 batch_size=8
     python scripts/recall_probe.py 'preset_set={n_heads: 8, head_dim: 16, init_std: 0.08}'
 
 Options: configs/recall_probe.yaml. Writes <out>/curve.csv, curve.json and curve.png. Use it to
@@ -56,7 +57,7 @@ def run(cfg: DictConfig) -> int:
     if "n_heads" in changes and "n_local_heads" not in changes:  # keep the preset's half/half head split
         changes["n_local_heads"] = int(changes["n_heads"]) // 2
         changes["n_global_heads"] = int(changes["n_heads"]) - changes["n_local_heads"]
-    probe = ProbeConfig(**{k: OmegaConf.to_container(cfg[k]) if k in ("mqar", "copy") else cfg[k]
+    probe = ProbeConfig(**{k: OmegaConf.to_container(cfg[k]) if k in ("mqar", "copy", "slot_recall") else cfg[k]
                            for k in ProbeConfig.__dataclass_fields__})
     probe.check(int(cfg.vocab_size))
     torch.manual_seed(int(cfg.seed))
