@@ -123,6 +123,21 @@ def test_prepared_folder_trains_on_the_answers_only(tmp_path):
     assert meta["splits"]["train"]["loss_tokens"] == sum(sum(m) for _, m in ex)
 
 
+def test_prepared_folder_can_reuse_another_datasets_tokenizer(tmp_path):
+    """tokenizer.path: the ladder's folder carries that tokenizer (same checksum), so a checkpoint trained
+    on the other dataset may continue here (train.py refuses a tokenizer mismatch); ids must still fit."""
+    cfg = {"name": "a", "kind": "slot_recall", "out_dir": str(tmp_path / "a"), "tokenizer": {"vocab_size": 600},
+           "slot_recall": {"length": 129, "n_train": 2, "n_val": 1, "tasks": {"kv": {"n_pairs": 2}}}}
+    first, meta_a = prepare(cfg)
+    cfg_b = {**cfg, "name": "b", "out_dir": str(tmp_path / "b"), "tokenizer": {"path": str(first / "tokenizer.model")}}
+    second, meta_b = prepare(cfg_b)
+    assert (second / "tokenizer.model").read_bytes() == (first / "tokenizer.model").read_bytes()
+    assert meta_b["tokenizer_checksum"] == meta_a["tokenizer_checksum"] and meta_b["vocab_size"] == 600
+    small = {**cfg, "name": "c", "out_dir": str(tmp_path / "c"), "tokenizer": {"vocab_size": 300}}
+    with pytest.raises(ConfigError, match="need a vocabulary of at least 512"):
+        prepare(small)
+
+
 def _model(arch="anchormass", **changes):
     cfg = load_model_config("anchormass_tiny").replace(arch=arch, vocab_size=512, n_layers=1, **changes)
     torch.manual_seed(0)

@@ -276,10 +276,17 @@ def training_examples(vocab: SlotRecallVocab, specs: dict[str, tuple[TaskSpec, f
 
 def _tokenizer(cfg: Mapping[str, Any], out: Path, vocab: SlotRecallVocab):
     """The folder's tokenizer.model: none of these tasks reads text, but a prepared folder carries one
-    and the model's vocabulary is its size. Trained in well under a second on the demo grammar."""
+    and the model's vocabulary is its size. Trained in well under a second on the demo grammar, or
+    `tokenizer.path` reused (a model pretrained on that tokenizer's data continues on the ladder)."""
     from anchormass.data.demo_corpus import demo_documents
     from anchormass.data.tokenizer import train_tokenizer
 
+    if (cfg.get("tokenizer") or {}).get("path"):  # another stage's tokenizer, so its checkpoints can continue here
+        from anchormass.data.prepare import _tokenizer as reuse
+
+        tok = reuse(cfg, out, lambda: [])
+        vocab.check_fits(tok.vocab_size, who=f"tokenizer {cfg['tokenizer']['path']}")
+        return tok
     size = int((cfg.get("tokenizer") or {}).get("vocab_size", 512))
     vocab.check_fits(size, who=f"data.tokenizer.vocab_size={size}")
     docs = list(demo_documents(n_docs=12, seed=7, min_sentences=40, max_sentences=80))
