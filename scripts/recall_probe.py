@@ -28,12 +28,12 @@ from anchormass.utils import CONFIG_ROOT, atomic_write_json, atomic_write_text
 FIELDS = ("step", "train_loss", "loss", "hits", "n", "accuracy", "chance", "seconds")
 
 
-def plot(records: list[dict], title: str, path: Path) -> None:
+def plot(records: list[dict], title: str, path: Path, chance_label: str = "chance") -> None:
     from anchormass.eval import plots  # Agg backend
 
     fig, ax = plots.plt.subplots(figsize=(6, 3.6))
     ax.plot([r["step"] for r in records], [r["accuracy"] for r in records], marker=".", label="held-out accuracy")
-    ax.axhline(records[0]["chance"], color="grey", ls=":", label="chance")
+    ax.axhline(records[0]["chance"], color="grey", ls=":", label=chance_label)
     ax.set(xlabel="training step", ylabel="recall accuracy", ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
     plots.save_figure(fig, path)
@@ -85,7 +85,9 @@ def run(cfg: DictConfig) -> int:
     writer.writerows(records)
     atomic_write_text(out / "curve.csv", buf.getvalue())
     atomic_write_json(out / "curve.json", {"config": OmegaConf.to_container(cfg, resolve=True), "records": records})
-    plot(records, f"{probe.task}: {name}", out / "curve.png")
+    # slot_recall's chance is the recall-free reference: guessing among the answer ids in the context
+    plot(records, f"{probe.task}: {name}", out / "curve.png",
+         "recall-free reference" if probe.task == "slot_recall" else "chance")
     last = records[-1]
     first50 = steps_to(records, 0.5)
     print(f"chance {last['chance']:.2%}; final held-out accuracy {last['accuracy']:.1%} "

@@ -53,5 +53,6 @@ def test_slot_recall_study_runs_end_to_end_with_tiny_steps(tmp_path):
     assert "Recall through slots over training seeds" in pooled and "anchormass_faithful_up" in pooled
     assert "(1 seed)" in pooled  # the uptrained model is pooled over its one seed and says so
     assert "no: control < 80%" in pooled  # two steps learn nothing: no cell counts as a result
+    assert "recall-free" in pooled  # every rate beside the level guessing among the answer ids reaches
     for png in ("slot_recall_by_model.png", "slot_recall_curves.png"):
         assert (root / "report" / "slot_recall" / png).stat().st_size > 0
