@@ -119,6 +119,10 @@ def test_bad_probe_settings_are_config_errors():
         ProbeConfig(task="copy", copy={"ids": [1000, 2000], "min_len": 1, "max_len": 2}).check(1024)
     with pytest.raises(ConfigError, match="steps must be >= 1"):
         ProbeConfig(steps=0).check(1024)
+    with pytest.raises(ConfigError, match="need a vocabulary of at least 512"):  # the ladder's ids must fit
+        ProbeConfig(task="slot_recall", seq_len=512).check(300)
+    with pytest.raises(ConfigError, match="no room"):  # 4 facts 64 tokens before their questions
+        ProbeConfig(task="slot_recall", seq_len=64).check(512)
 
 
 def test_script_writes_the_curve_and_refuses_bad_input(tmp_path):

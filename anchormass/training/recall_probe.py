@@ -68,6 +68,11 @@ class ProbeConfig:
                                   f"{vocab_size}) (the model's vocabulary, above the marker ids)")
             if not 1 <= int(self.copy["min_len"]) <= int(self.copy["max_len"]):
                 raise ConfigError("recall probe: copy needs 1 <= min_len <= max_len")
+        if self.task == "slot_recall":  # ids that fit and a layout that fits, before anything runs
+            from anchormass.data.slot_recall import SlotRecallVocab, task_specs
+
+            SlotRecallVocab.from_config(self.slot_recall.get("vocab")).check_fits(vocab_size)
+            task_specs(self.slot_recall, self.seq_len + 1)
 
 
 class RecallTask:
@@ -89,7 +94,6 @@ class RecallTask:
             from anchormass.data.slot_recall import SlotRecallVocab, task_specs
 
             self.vocab = SlotRecallVocab.from_config(cfg.slot_recall.get("vocab"))
-            self.vocab.check_fits(vocab_size)
             specs = task_specs(cfg.slot_recall, cfg.seq_len + 1)
             self.specs = [s for s, _ in specs.values()]
             fractions = np.asarray([f for _, f in specs.values()])
@@ -140,6 +144,12 @@ class RecallTask:
         mask = torch.from_numpy(np.stack([r[1] for r in rows]))[:, 1:]  # mask[t]: target ids[t + 1]
         return ids, mask
 
+    def held_out(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n items training never draws: the ladder's own `eval` stream, else a seed of their own."""
+        if self.cfg.task == "slot_recall":
+            return self.batch(self.cfg.seed, 0, n, "eval")
+        return self.batch(self.cfg.seed + 1_000_003, 0, n)
+
 
 def masked_loss_and_hits(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """(mean CE over the masked targets, argmax hits among them, their count) for ids [B, T+1], mask [B, T]."""
@@ -169,9 +179,7 @@ def train_probe(model, cfg: ProbeConfig, progress=None) -> list[dict]:
     step, train loss (mean since the last record), held-out loss / hits / n / accuracy, seconds."""
     task = RecallTask(cfg, model.cfg.vocab_size)
     torch.manual_seed(cfg.seed)
-    # held-out items: their own seed stream, never drawn in training
-    held_out = (task.batch(cfg.seed, 0, cfg.eval_items, "eval") if cfg.task == "slot_recall"
-                else task.batch(cfg.seed + 1_000_003, 0, cfg.eval_items))
+    held_out = task.held_out(cfg.eval_items)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
     # Linear warm-up, then constant (min_lr_ratio 1); warm-up may outlast a short probe.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg.warmup, cfg.steps, 1.0))
@@ -196,8 +204,9 @@ def train_probe(model, cfg: ProbeConfig, progress=None) -> list[dict]:
             losses = []
             if progress is not None:
                 progress(rec)
+    chance = task.chance()  # slot_recall's is measured over its held-out items: once
     for r in records:
-        r["chance"] = task.chance()
+        r["chance"] = chance
     return records
 
 
