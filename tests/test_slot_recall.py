@@ -133,9 +133,19 @@ def test_prepared_folder_can_reuse_another_datasets_tokenizer(tmp_path):
     second, meta_b = prepare(cfg_b)
     assert (second / "tokenizer.model").read_bytes() == (first / "tokenizer.model").read_bytes()
     assert meta_b["tokenizer_checksum"] == meta_a["tokenizer_checksum"] and meta_b["vocab_size"] == 600
-    small = {**cfg, "name": "c", "out_dir": str(tmp_path / "c"), "tokenizer": {"vocab_size": 300}}
+    import random
+
+    from anchormass.data.tokenizer import train_tokenizer
+
+    r = random.Random(0)  # a small ASCII corpus: a 400-piece tokenizer trains on it in a moment
+    words = ["".join(r.choice("abcdefghij") for _ in range(r.randint(2, 6))) for _ in range(300)]
+    small = train_tokenizer([" ".join(r.choice(words) for _ in range(200)) for _ in range(20)],
+                            tmp_path / "small.model", 400, model_type="bpe", character_coverage=1.0)
+    assert small.vocab_size == 400  # a reused tokenizer too small for the ladder's ids is refused
+    too_small = {**cfg, "name": "c", "out_dir": str(tmp_path / "c"),
+                 "tokenizer": {"path": str(tmp_path / "small.model")}}
     with pytest.raises(ConfigError, match="need a vocabulary of at least 512"):
-        prepare(small)
+        prepare(too_small)
 
 
 def _model(arch="anchormass", **changes):
