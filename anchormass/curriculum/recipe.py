@@ -13,8 +13,12 @@ refer to): `stage` (the configs/stage preset, default the key), `data` (configs/
 null), `shared` (trained once by the first model; anchormass/curriculum/plan.py), `set`
 ({<stage key>: value}).
 
-Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds}`: an ablation of
-one preset, which may train only some stages and some of the recipe's seeds.
+Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds, init_from,
+stage_overrides}`: an ablation of one preset, which may train only some stages and some of the
+recipe's seeds. `init_from: {<stage>: <model>/<stage>}` starts one of its stages from another model's
+stage (a retrofit: AnchorMass from a trained Standard, docs/method.md §6 j); `stage_overrides:
+{<stage>: [...]}` adds train.py overrides to one stage only (a compression schedule raising
+model.group_size stage by stage). A stage's own `init_from` may name another model's stage the same way.
 
 Evaluate entry (key = its name, its report folder): `stage`, `overrides` (evaluate.py), and the
 models it compares: `pair: [a, b]`, or `against: <model>` (one comparison of that model with every
@@ -31,7 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from anchormass.errors import ConfigError
 
 STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
-MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds"}
+MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds", "init_from", "stage_overrides"}
 EVAL_KEYS = {"stage", "pair", "against", "overrides"}
 
 
@@ -42,6 +46,15 @@ class ModelSpec:
     overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
     stages: tuple[str, ...] | None = None  # the stage keys it trains (None: all)
     seeds: tuple[int, ...] | None = None  # the recipe seeds it trains under (None: all)
+    init_from: tuple[tuple[str, str], ...] = ()  # (stage, "<model>/<stage>"): its own start for that stage
+    stage_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (stage, train.py overrides for it alone)
+
+    def start_of(self, entry: "StageSpec") -> str | None:
+        """The run a stage starts from: this model's own choice for it, else the stage's."""
+        return dict(self.init_from).get(entry.key, entry.init_from)
+
+    def overrides_for(self, stage: str) -> tuple[str, ...]:
+        return (*self.overrides, *dict(self.stage_overrides).get(stage, ()))
 
     def trains(self, stage: str, seed: int | None) -> bool:
         return ((self.stages is None or stage in self.stages)
@@ -175,6 +188,15 @@ def _seeds(cfg: DictConfig) -> tuple[int, ...] | None:
     return tuple(items)
 
 
+def _per_stage(name: str, m: DictConfig, key: str, trained: set[str]) -> dict[str, Any]:
+    """A model entry's {<stage>: value} mapping, checked to name only stages the model trains."""
+    value = _plain(m.get(key)) or {}
+    if not isinstance(value, dict) or set(value) - trained:
+        raise ConfigError(f"curriculum {name}: model {m.name}: {key} must map stages it trains "
+                          f"{sorted(trained)} to values, got {value!r}")
+    return value
+
+
 def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> tuple[ModelSpec, ...]:
     specs = []
     for m in cfg.models:
@@ -195,8 +217,18 @@ def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> 
         if own_seeds is not None and (seeds is None or not own_seeds or set(own_seeds) - set(seeds)):
             raise ConfigError(f"curriculum {cfg.name}: model {m.name}: seeds must be a non-empty subset of "
                               f"curriculum.seeds {list(seeds) if seeds else None}, got {list(own_seeds)}")
+        trained = set(own_stages if own_stages is not None else keys)
+        starts = _per_stage(cfg.name, m, "init_from", trained)
+        if any(not isinstance(v, str) for v in starts.values()):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: init_from maps a stage to "
+                              f"'<model>/<stage>', got {starts}")
+        per_stage = _per_stage(cfg.name, m, "stage_overrides", trained)
+        if any(not isinstance(v, list) for v in per_stage.values()):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: stage_overrides maps a stage to a list of "
+                              f"overrides, got {per_stage}")
         specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or [])),
-                               own_stages, own_seeds))
+                               own_stages, own_seeds, tuple(starts.items()),
+                               tuple((k, tuple(str(o) for o in v)) for k, v in per_stage.items())))
     labels = [s.name for s in specs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
