@@ -32,6 +32,12 @@ class ReportJob:
     overrides: list[str]
 
 
+def side(label: str, stage: str) -> tuple[str, str]:
+    """(model, stage) of one side of a comparison: `<model>/<stage>`, or a model at the entry's stage."""
+    model, _, own = label.partition("/")
+    return model, own or stage
+
+
 def report_jobs(recipe: Recipe, runs: list[StageRun], root: Path) -> list[ReportJob]:
     """Every evaluate.py call, entry by entry and seed by seed. The recipe's `eval_overrides` follow
     every entry's own (e.g. smaller evaluation sizes for a quick run). A model that does not train
@@ -41,7 +47,7 @@ def report_jobs(recipe: Recipe, runs: list[StageRun], root: Path) -> list[Report
     for entry in recipe.evaluate:
         for seed in recipe.seed_list:
             out = root / "report" / entry.name / (f"seed{seed}" if seed is not None else "")
-            a, b = by_key.get((seed, entry.a, entry.stage)), by_key.get((seed, entry.b, entry.stage))
+            a, b = (by_key.get((seed, *side(label, entry.stage))) for label in (entry.a, entry.b))
             if a is None or b is None:
                 continue
             jobs.append(ReportJob(entry.name, seed, a, b, out, [*entry.overrides, *recipe.eval_overrides]))

@@ -21,8 +21,10 @@ stage (a retrofit: AnchorMass from a trained Standard, docs/method.md §6 j); `s
 model.group_size stage by stage). A stage's own `init_from` may name another model's stage the same way.
 
 Evaluate entry (key = its name, its report folder): `stage`, `overrides` (evaluate.py), and the
-models it compares: `pair: [a, b]`, or `against: <model>` (one comparison of that model with every
-other model, each named after the other model: the ablations), else the first two models.
+models it compares: `pair: [a, b]` (either may be `<model>/<stage>`: that model's run of another
+stage, e.g. a retrofitted model against the Standard it started from), or `against: <model>` (one
+comparison of that model with every other model, each named after the other model: the ablations),
+else the first two models.
 """
 
 from __future__ import annotations
@@ -262,9 +264,10 @@ def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple
                                   f"pass two models or evaluate=false")
             pair = labels[:2]
         pair = [str(p) for p in pair] if not isinstance(pair, str) else [pair]
-        if len(pair) != 2 or pair[0] == pair[1] or any(p not in labels for p in pair):
+        if (len(pair) != 2 or pair[0] == pair[1] or any(p.split("/", 1)[0] not in labels for p in pair)
+                or any(p.split("/", 1)[1] not in stages for p in pair if "/" in p)):
             raise ConfigError(f"curriculum {cfg.name}: evaluate {name}: pair must name two different "
-                              f"models of {labels}, got {pair}")
+                              f"models of {labels} (or <model>/<stage> of its stages), got {pair}")
         out.append(EvalSpec(name, str(entry.stage), pair[0], pair[1], overrides))
     return tuple(out)
 

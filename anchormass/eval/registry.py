@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
     "mqar": "anchormass.eval.suites.mqar:MqarSuite",
     "slot_recall": "anchormass.eval.suites.slot_recall:SlotRecallSuite",
+    "retrofit": "anchormass.eval.suites.retrofit:RetrofitSuite",
 }
 
 
