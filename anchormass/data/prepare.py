@@ -170,14 +170,7 @@ def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     return {**_base_meta(cfg, "sft", tok, desc), "longctx": {**spec_meta, "seed": seed}, "splits": splits}
 
 
-def _prepare_slot_recall(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    from anchormass.data.slot_recall import prepare_slot_recall  # it imports this module's writers
-
-    return prepare_slot_recall(cfg, out)
-
-
-_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx,
-          "slot_recall": _prepare_slot_recall}
+_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx}
 
 
 # Numeric settings read with int()/float() while preparing: a word there is a one-line ConfigError.

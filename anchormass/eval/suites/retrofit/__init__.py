@@ -6,7 +6,7 @@ puts the cell on the recall-against-bytes line of its shape, `g8` on the recall-
 A cell whose run is not there (not trained under this seed) is left out and listed. Each is scored on
 the same passkey trials (identical items for every cell; greedy decoding through the inference
 cache), and per cell the suite also measures the stored KV bytes of one sequence at `bytes_length`
-tokens, what stage 1 kept of the key's digits in one parallel forward (anchormass/eval/slot_probe.py),
+tokens, what stage 1 kept of the key's digits in one parallel forward (anchormass/eval/suites/retrofit/slot_probe.py),
 and the answer-token validation loss against steps over the cell's chain of stages (its CSV logs).
 Over the training seeds the aggregate hook pools each cell (pool.py): mean ± std over seeds, pooled
 Wilson intervals, exact McNemar against the shape's Standard and against its lossless g1 cell over

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anchormass.eval.slot_probe import KEPT, LayerView, probe_forward
 from anchormass.eval.suite import EvalModel
+from anchormass.eval.suites.retrofit.slot_probe import KEPT, LayerView, probe_forward
 
 
 def cell_info(m: EvalModel, cell: dict) -> dict:
@@ -47,7 +47,7 @@ def digit_positions(hay, trial, tokenizer) -> list[int]:
 @torch.no_grad()
 def slot_diagnostics(model, hay, trials, tokenizer) -> list[dict]:
     """Per layer, over the trials: the share of the key's digit tokens whose own key reached the
-    global heads (outlier, anchor, exact or raw: anchormass/eval/slot_probe.py), the attention mass
+    global heads (outlier, anchor, exact or raw: anchormass/eval/suites/retrofit/slot_probe.py), the attention mass
     the answering query (the prompt's last token) puts on the needle, and the outlier emit rate."""
     per_layer: list[dict[str, list]] = []
     for t in trials:
