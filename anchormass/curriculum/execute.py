@@ -169,8 +169,7 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         console.post("interrupted", task, message=interrupted_text(run, rc))
         return EXIT_INTERRUPTED
     if rc != 0:
-        console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
-                                             f"rerun the same command to resume")
+        console.post("failed", task, message=failure_text(run, rc, time.perf_counter() - t0))
         return rc
     if not run.is_done():  # exit 0 without its total steps: its next stage must not start from it
         console.post("failed", task, message=f"exit 0, but {shown(run.out_dir / RESULT_FILE)} does not record "
@@ -178,6 +177,25 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
+
+
+def last_error_line(log: Path) -> str | None:
+    """The stage's own one-line refusal (`error: ...`), the last one its log holds."""
+    if not log.is_file():
+        return None
+    lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    return next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
+
+
+def failure_text(run: StageRun, rc: int, seconds: float) -> str:
+    """The stage's own error line first, then advice that works: a refusal (exit 2) stays a refusal
+    on a rerun until what it names is fixed; a crash resumes from the stage's last checkpoint."""
+    error = last_error_line(run.log_path)
+    head = f"{error} (exit {rc} after {seconds:.0f} s)" if error else f"exit {rc} after {seconds:.0f} s"
+    if rc == 2:
+        return f"{head}; the stage refused to run: fix what it names, then rerun the same command"
+    where = "from its last checkpoint" if run.last_ckpt.is_file() else "from the start of the stage"
+    return f"{head}; rerun the same command to resume {where}"
 
 
 def interrupted_text(run: StageRun, rc: int) -> str:

@@ -39,7 +39,7 @@ TENSOR_FIELDS = tuple(k for k in ARCH_FIELDS if k not in ACROSS_ARCH_FIELDS)
 STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
                       "++callbacks.progress_file._target_=anchormass.training.progress.ProgressFile"]
 # scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
-RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose")
+RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose", "changed")
 # Hydra settings that belong to the stages: the launcher that runs each train.py (e.g. on Slurm).
 STAGE_HYDRA_PREFIXES = ("hydra/launcher=", "hydra.launcher.")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from anchormass.curriculum.changes import check_changes
 from anchormass.curriculum.closing import evaluate
 from anchormass.curriculum.execute import curriculum_lock, execute, run_step
 from anchormass.curriculum.plan import datasets, plan, stage_overrides, stage_runs
@@ -66,6 +67,7 @@ def run_curriculum(cfg: DictConfig, task_overrides: list[str], hydra_overrides: 
     runs = stage_runs(recipe, plan(recipe, root.parent, stage_overrides(task_overrides, hydra_overrides)))
     # Stop signals go to the running stages, which save.
     with curriculum_lock(root), forward_stop_signals():
+        check_changes(runs, str(cfg.get("changed", "refuse")))
         try:
             prepare_data(recipe, root / "logs", console)
             summary = execute(runs, parallel=recipe.parallel, console=console)
