@@ -166,3 +166,25 @@ def test_cli_one_line_error_for_non_empty_out(exported):
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "not empty" in r.stderr
+
+
+def test_loading_without_the_package_names_its_install_command(exported):
+    """transformers would say `pip install anchormass` (a PyPI name that is not this project); the
+    exported file names where its code comes from instead."""
+    from anchormass.hf.export_anchormass import install_command
+
+    _, folder = exported["anchormass_tiny"]
+    load = f"""
+import importlib.abc, sys
+class NoAnchorMass(importlib.abc.MetaPathFinder):  # as if the package were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "anchormass":
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, NoAnchorMass())
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+"""
+    r = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:") and install_command() in last and "pip install anchormass`" not in last

@@ -41,8 +41,9 @@ from anchormass.training.resume_point import (
 )
 from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
+from anchormass.training.run_record import log_run_record, run_record
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
+from anchormass.utils import atomic_write_json, atomic_write_text
 
 RESULT_FILE = "train_result.json"
 
@@ -138,14 +139,6 @@ def attach_wandb_id(cfg: DictConfig, out: Path, resume: str | None) -> None:
         cfg.logger.resume = "allow"
     if is_launching_process():
         atomic_write_text(out / WANDB_ID_FILE, run_id + "\n")
-
-
-def log_run_record(trainer: L.Trainer, cfg: DictConfig, data_dir: Path) -> None:
-    """What a logged run must be traceable to: the resolved config, the code, the data."""
-    record = {"config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
-              "data_fingerprint": fingerprint(data_dir)}
-    for logger in trainer.loggers:
-        logger.log_hyperparams(record)
 
 
 def build_trainer(cfg: DictConfig, out: Path, run_callbacks: list | tuple = ()) -> L.Trainer:
@@ -320,7 +313,7 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     datamodule = build(datamodule_config(cfg.stage.datamodule, meta["kind"]))
     attach_wandb_id(cfg, out, resume)
     trainer = build_trainer(cfg, out, [CarriedMetrics(out / RESULT_FILE), ResumeOverrides(module.resume_changes)])
-    log_run_record(trainer, cfg, data_dir)
+    log_run_record(trainer.loggers, run_record(cfg, module.model_cfg.to_dict(), fingerprint(data_dir)))
     interrupted = None
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
