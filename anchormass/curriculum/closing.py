@@ -18,7 +18,7 @@ from anchormass.curriculum.execute import StageRun, run_step
 from anchormass.curriculum.recipe import Recipe
 from anchormass.eval.aggregate import write_aggregate
 from anchormass.training.stage_console import StageConsole, shown
-from anchormass.utils import REPO_ROOT, atomic_write_text
+from anchormass.utils import atomic_write_text
 
 
 @dataclass
@@ -60,7 +60,7 @@ def evaluate(recipe: Recipe, runs: list[StageRun], root: Path, console: StageCon
     per_entry: dict[str, list[ReportJob]] = {}
     for job in report_jobs(recipe, runs, root):
         tag = f"{job.name}" + (f" seed{job.seed}" if job.seed is not None else "")
-        cmd = [sys.executable, str(REPO_ROOT / "evaluate.py"), f"ckpt={job.a.last_ckpt}",
+        cmd = [sys.executable, "-m", "anchormass.commands.evaluate", f"ckpt={job.a.last_ckpt}",
                f"compare_ckpt={job.b.last_ckpt}", f"out_dir={job.out_dir}", "overwrite=true", *job.overrides]
         if console.verbose >= 1:
             console.print(f"report {tag}: {job.a.model} vs {job.b.model} at {job.a.stage} ...")

@@ -28,7 +28,7 @@ from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
 from anchormass.training.stage_console import StageConsole, Task, shown
-from anchormass.utils import REPO_ROOT, atomic_write_json
+from anchormass.utils import atomic_write_json
 
 LOG_FILE = "train.log"
 # The train.py arguments a stage was started with, written before it starts: a rerun compares them
@@ -88,7 +88,7 @@ def curriculum_lock(root: Path) -> Iterator[None]:
 def command(run: StageRun) -> list[str]:
     """The train.py call for one run: resume its own checkpoint if one exists, else start
     from the parent stage's weights."""
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *run.args]
+    cmd = [sys.executable, "-m", "anchormass.commands.train", *run.args]
     if run.last_ckpt.is_file():
         cmd.append(f"ckpt_path={run.last_ckpt}")
     elif run.init_from is not None:

@@ -22,7 +22,7 @@ from anchormass.errors import ConfigError, DataError
 from anchormass.logging_setup import check_verbose
 from anchormass.training.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals
 from anchormass.training.stage_console import StageConsole, shown
-from anchormass.utils import REPO_ROOT, atomic_write_json, resolve_path
+from anchormass.utils import atomic_write_json, resolve_path
 
 
 def prepare_data(recipe: Recipe, logs: Path, console: StageConsole) -> None:
@@ -32,7 +32,7 @@ def prepare_data(recipe: Recipe, logs: Path, console: StageConsole) -> None:
             continue
         log = logs / f"prepare_{folder.name}.log"
         try:
-            run_step(console, f"data {shown(folder)}", [sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"),
+            run_step(console, f"data {shown(folder)}", [sys.executable, "-m", "anchormass.commands.prepare_data",
                                                          *args], log, "prepared")
         except SystemExit:
             raise DataError(f"preparing {shown(folder)} failed; its log: {shown(log)}") from None
