@@ -84,7 +84,7 @@ def _offending_global(path: Path, err: Exception) -> str | None:
     a damaged pickle)."""
     from torch import _weights_only_unpickler as wou  # pinned torch: the names it allows by default
 
-    allowed = set(wou._get_allowed_globals()) | set(wou._get_user_allowed_globals())
+    allowed = set(wou._get_allowed_globals()) | {f"{t.__module__}.{t.__qualname__}" for t in SAFE_GLOBALS}
     try:
         unsafe = [g for g in _globals_in(_pickle_bytes(path)) if g not in allowed]
     except (OSError, zipfile.BadZipFile, KeyError):
