@@ -4,6 +4,7 @@ same greedy tokens as our engine (full cache and tight budgets), command-line er
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,19 @@ def test_padded_batches_and_beam_search_are_refused(exported):
         hf.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
     with pytest.raises(ValueError, match="beam"):
         hf.generate(ids, max_new_tokens=2, num_beams=2, do_sample=False)
+
+
+def test_exports_hold_their_weights_as_safetensors_only(exported, tmp_path):
+    from anchormass.hf.export import check_safetensors_only
+
+    for _, folder in exported.values():
+        assert list(folder.glob("*.safetensors")) and not list(folder.glob("*.bin"))
+        check_safetensors_only(folder)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(exported["standard_tiny"][1], pickled)
+    torch.save({}, pickled / "pytorch_model.bin")  # what save_pretrained(safe_serialization=False) writes
+    with pytest.raises(CheckpointError, match=r"safetensors only, found \['pytorch_model.bin'\]"):
+        check_safetensors_only(pickled)
 
 
 def test_export_refuses_bad_input(exported, tmp_path):

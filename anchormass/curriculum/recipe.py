@@ -35,6 +35,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from anchormass.errors import ConfigError
+from anchormass.path_checks import check_recipe_names
 
 STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
 MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds", "init_from", "stage_overrides"}
@@ -278,6 +279,7 @@ def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
     for key in ("name", "models", "stages"):
         if cfg.get(key) is None:
             raise ConfigError(f"the curriculum lacks '{key}'")
+    check_recipe_names(cfg)  # its names become folders under runs_root: none may point outside it
     parallel = cfg.get("parallel", 1)
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")

@@ -39,6 +39,7 @@ from anchormass.data.token_file import write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
+from anchormass.path_checks import check_data_out_dir, check_folder_name
 from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask, resolve_path
 
 
@@ -188,7 +189,8 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     if not cfg.get("name"):
         raise ConfigError("data config needs a name")
     check_numbers(cfg, _NUMBERS, label="data.")
-    out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
+    name = check_folder_name(cfg["name"], "data.name")  # data/<name>: never a path out of data/
+    out = check_data_out_dir(cfg.get("out_dir") or f"data/{name}")
     shards = int(cfg.get("num_shards") or 1)
     if shards > 1:  # a shard is not a dataset: never where the merged folder goes (merge.py)
         if kind != "pretrain":
