@@ -29,6 +29,7 @@ LAYERS = {
     "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
     "eval": 9,                               # evaluation suites (may drive anything below)
     "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
+    "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top
 }
 
 
