@@ -48,7 +48,8 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {err}", file=sys.stderr)
         return None
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
-    return result["metrics"].get("val/loss")
+    # The sweeper's objective: only a run that trained all its steps has one (an Optuna sweep ranks it).
+    return result["metrics"].get("val/loss") if result.get("completed") else None
 
 
 def in_search() -> bool:
