@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, check_overrides, exit_on_error
 from anchormass.errors import AnchorMassError
+from anchormass.launch_checks import check_train_launch  # before Hydra writes the run folder: a refusal leaves nothing
 from anchormass.logging_setup import apply_verbosity
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
@@ -106,15 +107,6 @@ def check_launcher_rerun(argv: list[str]) -> None:
     release(cfg.hydra.run.dir)
 
 
-def check_train_numbers(cfg: DictConfig) -> None:
-    """The run's typed checks (training/run.py INT_SETTINGS), here before Hydra writes the run
-    folder's .hydra/ and train.log: a refused run leaves nothing behind."""
-    from anchormass.config_checks import check_numbers
-    from anchormass.training.run import INT_SETTINGS
-
-    check_numbers(cfg, INT_SETTINGS)
-
-
 @exit_on_error
 def check_run_dir(argv: list[str]) -> None:
     """Hydra creates its run folder before any of our code runs; an unwritable one must still
@@ -132,7 +124,7 @@ if __name__ == "__main__":
     follow_parent()  # a curriculum's stage ends with its runner
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     launched = through_launcher(sys.argv[1:])
-    check_overrides(Path(__file__).parent / "configs", "train", launched, check=check_train_numbers)
+    check_overrides(Path(__file__).parent / "configs", "train", launched, check=check_train_launch)
     check_run_dir(sys.argv[1:])
     if launched != sys.argv[1:]:
         check_launcher_rerun(sys.argv[1:])
