@@ -19,14 +19,14 @@ from anchormass.cli import check_group_choices, check_overrides, exit_on_error
 from anchormass.errors import AnchorMassError
 from anchormass.launch_checks import check_train_launch  # before Hydra writes the run folder: a refusal leaves nothing
 from anchormass.logging_setup import apply_verbosity
-from anchormass.training.callbacks import TrainingDiverged
-from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
 from anchormass.training.run_dir import is_launching_process
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 @exit_on_error
 def main(cfg: DictConfig) -> float | None:
+    from anchormass.training.callbacks import TrainingDiverged
+    from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
     from anchormass.training.run import train
 
     apply_verbosity(cfg)
@@ -119,7 +119,13 @@ def check_run_dir(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from anchormass.cli_help import exit_with_help
     from anchormass.training.logged_process import follow_parent
+
+    exit_with_help(sys.argv[1:], "train.py", __doc__, ["experiment", "model", "stage", "data", "trainer", "logger",
+                                                       "callbacks"], "train",
+                   {"hydra/sweeper": ["basic", "optuna_optim"],
+                    "hydra/launcher": ["basic", "slurm", "submitit_local", "submitit_slurm"]})
 
     follow_parent()  # a curriculum's stage ends with its runner
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])

@@ -42,5 +42,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from anchormass.cli_help import exit_with_help
+
+    exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
+                   {"format": ["auto", "llama", "anchormass"]})
     check_group_choices(CONFIG_DIR, sys.argv[1:])
     main()

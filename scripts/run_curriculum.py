@@ -21,17 +21,22 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, exit_on_error
-from anchormass.curriculum.runner import run_curriculum
 from anchormass.utils import CONFIG_ROOT
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="run_curriculum")
 @exit_on_error
 def main(cfg: DictConfig) -> None:
+    from anchormass.curriculum.runner import run_curriculum
+
     overrides = HydraConfig.get().overrides
     run_curriculum(cfg, list(overrides.task), list(overrides.hydra))
 
 
 if __name__ == "__main__":
+    from anchormass.cli_help import exit_with_help
+
+    exit_with_help(sys.argv[1:], "scripts/run_curriculum.py", __doc__, ["curriculum", "trainer", "logger"],
+                   "run_curriculum")
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()
