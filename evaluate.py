@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -37,6 +37,7 @@ if __name__ == "__main__":
                    {"suite": [*SUITES, "all"], "compare_model": presets("model")})
 
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "evaluate", sys.argv[1:])
     main()

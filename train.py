@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.errors import AnchorMassError
 from anchormass.launch_checks import check_train_launch  # before Hydra writes the run folder: a refusal leaves nothing
 from anchormass.logging_setup import apply_verbosity
@@ -109,13 +109,19 @@ def check_launcher_rerun(argv: list[str]) -> None:
 
 @exit_on_error
 def check_run_dir(argv: list[str]) -> None:
-    """Hydra creates its run folder before any of our code runs; an unwritable one must still
-    fail with one line and exit 2, so check an explicit hydra.run.dir first."""
+    """Hydra creates its run (or sweep) folder before any of our code runs; an unwritable one must
+    still fail with one line and exit 2, so check an explicit hydra.run.dir / hydra.sweep.dir first."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from anchormass.training.run import check_output_dir
 
     for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            check_output_dir(arg.split("=", 1)[1])
+        if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            try:
+                path = str(OverridesParser.create().parse_override(arg).value())  # "quoted" as written
+            except Exception:  # not readable: Hydra reports it in its own words below
+                return
+            check_output_dir(path)
 
 
 if __name__ == "__main__":
@@ -128,6 +134,7 @@ if __name__ == "__main__":
                     "hydra/launcher": ["basic", "slurm", "submitit_local", "submitit_slurm"]})
 
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(Path(__file__).parent / "configs", sys.argv[1:])
     launched = through_launcher(sys.argv[1:])
     check_overrides(Path(__file__).parent / "configs", "train", launched, check=check_train_launch)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from anchormass.cli import check_group_choices, exit_on_error  # noqa: E402
+from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed  # noqa: E402
 from anchormass.errors import ConfigError  # noqa: E402
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -46,5 +46,6 @@ if __name__ == "__main__":
 
     exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
                    {"format": ["auto", "llama", "anchormass"]})
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_DIR, sys.argv[1:])
     main()

@@ -14,7 +14,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.config_checks import check_required
 from anchormass.utils import CONFIG_ROOT
 
@@ -52,6 +52,7 @@ if __name__ == "__main__":
     exit_with_help(sys.argv[1:], "scripts/prepare_data.py", __doc__, ["data"])
 
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
     main()

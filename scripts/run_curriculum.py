@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -38,5 +38,6 @@ if __name__ == "__main__":
 
     exit_with_help(sys.argv[1:], "scripts/run_curriculum.py", __doc__, ["curriculum", "trainer", "logger"],
                    "run_curriculum")
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()

@@ -42,7 +42,7 @@ from anchormass.training.resume_point import (
 from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text, git_commit
+from anchormass.utils import atomic_write_json, atomic_write_text, git_commit, writable_dir
 
 RESULT_FILE = "train_result.json"
 
@@ -59,15 +59,7 @@ def build(node: Any) -> Any:
 
 def check_output_dir(path: str | os.PathLike) -> Path:
     """Create the run folder and prove it is writable now, not after an hour of training."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_probe-{os.getpid()}"  # per process: two launches may probe at once
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
-    return path
+    return writable_dir(path, "output folder")
 
 
 def data_metadata(data_dir: str | os.PathLike) -> dict:
