@@ -1,6 +1,6 @@
 """Small helpers every part of the package shares; this module imports only `anchormass.errors`.
 
-- where the checkout is (`REPO_ROOT`, `CONFIG_ROOT`),
+- where the configs are and where relative paths go (`CONFIG_ROOT`, `REPO_ROOT`, `CHECKOUT`),
 - atomic file writes: a reader never sees a half-written token file, checkpoint, report or sidecar
   (temp file in the destination folder, fsync, then `os.replace`, which is atomic on one filesystem);
   a full disk (ENOSPC) is one line naming the path and the space needed, the temp file removed and
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import importlib.resources
 import json
 import math
 import os
@@ -24,12 +25,26 @@ from typing import Any, Callable, Iterator
 
 from anchormass.errors import AnchorMassError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIG_ROOT = REPO_ROOT / "configs"
+
+def find_checkout() -> Path | None:
+    """The source checkout this package is imported from (run in place or `pip install -e .`),
+    None when it is an installed copy (`pip install .`: site-packages has no configs/ beside it)."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "configs" / "train.yaml").is_file() and (root / "pyproject.toml").is_file() else None
+
+
+CHECKOUT = find_checkout()
+# Relative paths (data/<name>, runs/...) are taken from here: the checkout's root, or, for an
+# installed package, the folder the command was started in (never site-packages).
+REPO_ROOT = CHECKOUT or Path.cwd()
+# One source of truth: the checkout's configs/, which the wheel ships as anchormass/configs/
+# (setup.py maps the folder into the package). A real folder either way, as Hydra needs.
+CONFIG_ROOT = (CHECKOUT / "configs" if CHECKOUT is not None
+               else Path(str(importlib.resources.files("anchormass").joinpath("configs"))))
 
 
 def resolve_path(path: str | os.PathLike) -> Path:
-    """An absolute path as given; a relative one is taken from the checkout's root."""
+    """An absolute path as given; a relative one is taken from `REPO_ROOT`."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else REPO_ROOT / p
 
@@ -214,10 +229,13 @@ def is_project_output(root: str | os.PathLike, relpath: str) -> bool:
     return False
 
 
-def git_state(root: str | os.PathLike = REPO_ROOT) -> dict | None:
+def git_state(root: str | os.PathLike | None = CHECKOUT) -> dict | None:
     """{'commit', 'dirty', 'modified', 'untracked_source'} of the checkout at `root`, or None
-    outside git: dirty when a tracked file changed or an untracked (not ignored) source file
+    outside git or without a checkout (an installed package: not the git state of whatever folder
+    it runs in): dirty when a tracked file changed or an untracked (not ignored) source file
     exists, since either can make the code differ from the commit."""
+    if root is None:
+        return None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10).stdout.strip()
@@ -234,7 +252,7 @@ def git_state(root: str | os.PathLike = REPO_ROOT) -> dict | None:
             "untracked_source": untracked}
 
 
-def git_commit(root: str | os.PathLike = REPO_ROOT) -> str | None:
+def git_commit(root: str | os.PathLike | None = CHECKOUT) -> str | None:
     """The commit of the code that produced a result (+'-dirty' as `git_state` defines it)."""
     state = git_state(root)
     if state is None:

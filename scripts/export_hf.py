@@ -1,51 +1,15 @@
 """Export a checkpoint for Hugging Face `transformers`: `python scripts/export_hf.py ckpt=<path> out=<dir>`.
 
-Standard checkpoints become native LlamaForCausalLM folders; AnchorMass ones load with
-`AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)` (needs this package
-installed). Both carry the tokenizer and anchormass_export.json (source sha256, git commit).
-See anchormass/hf/export.py. Bad input exits 2 with one line.
+The same command as `anchormass-export` once the package is installed; the code is
+anchormass/commands/export_hf.py.
 """
 
-from __future__ import annotations
-
-import json
 import sys
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed  # noqa: E402
-from anchormass.errors import ConfigError  # noqa: E402
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
-
-
-@exit_on_error
-def run(cfg: DictConfig) -> None:
-    for key in ("ckpt", "out"):
-        if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required (python scripts/export_hf.py ckpt=<path.ckpt> out=<dir>)")
-    from anchormass.hf.export import export_checkpoint
-    from anchormass.hf.provenance import PROVENANCE_FILE
-
-    out = export_checkpoint(cfg.ckpt, cfg.out, tokenizer=cfg.get("tokenizer"), format=str(cfg.get("format", "auto")))
-    info = json.loads((out / PROVENANCE_FILE).read_text())
-    print(json.dumps({"out": str(out), "format": info["format"], "source_sha256": info["source_sha256"]}))
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="export_hf")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
-
+from anchormass.commands.export_hf import cli  # noqa: E402
 
 if __name__ == "__main__":
-    from anchormass.cli_help import exit_with_help
-
-    exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
-                   {"format": ["auto", "llama", "anchormass"]})
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_DIR, sys.argv[1:])
-    main()
+    cli()

@@ -4,7 +4,6 @@ variable-distance copying) and print held-out accuracy against steps.
 
     python scripts/recall_probe.py                                   # standard_tiny on MQAR, 1000 steps
     python scripts/recall_probe.py task=copy preset=anchormass_tiny steps=2000
-    python scripts/recall_probe.py task=slot_recall preset=standard_faithful vocab_size=512 seq_len=512 batch_size=8
     python scripts/recall_probe.py 'preset_set={n_heads: 8, head_dim: 16, init_std: 0.08}'
 
 Options: configs/recall_probe.yaml. Writes <out>/curve.csv, curve.json and curve.png. Use it to
@@ -28,12 +27,12 @@ from anchormass.utils import CONFIG_ROOT, atomic_write_json, atomic_write_text
 FIELDS = ("step", "train_loss", "loss", "hits", "n", "accuracy", "chance", "seconds")
 
 
-def plot(records: list[dict], title: str, path: Path, chance_label: str = "chance") -> None:
+def plot(records: list[dict], title: str, path: Path) -> None:
     from anchormass.eval import plots  # Agg backend
 
     fig, ax = plots.plt.subplots(figsize=(6, 3.6))
     ax.plot([r["step"] for r in records], [r["accuracy"] for r in records], marker=".", label="held-out accuracy")
-    ax.axhline(records[0]["chance"], color="grey", ls=":", label=chance_label)
+    ax.axhline(records[0]["chance"], color="grey", ls=":", label="chance")
     ax.set(xlabel="training step", ylabel="recall accuracy", ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
     plots.save_figure(fig, path)
@@ -57,7 +56,7 @@ def run(cfg: DictConfig) -> int:
     if "n_heads" in changes and "n_local_heads" not in changes:  # keep the preset's half/half head split
         changes["n_local_heads"] = int(changes["n_heads"]) // 2
         changes["n_global_heads"] = int(changes["n_heads"]) - changes["n_local_heads"]
-    probe = ProbeConfig(**{k: OmegaConf.to_container(cfg[k]) if k in ("mqar", "copy", "slot_recall") else cfg[k]
+    probe = ProbeConfig(**{k: OmegaConf.to_container(cfg[k]) if k in ("mqar", "copy") else cfg[k]
                            for k in ProbeConfig.__dataclass_fields__})
     probe.check(int(cfg.vocab_size))
     torch.manual_seed(int(cfg.seed))
@@ -85,9 +84,7 @@ def run(cfg: DictConfig) -> int:
     writer.writerows(records)
     atomic_write_text(out / "curve.csv", buf.getvalue())
     atomic_write_json(out / "curve.json", {"config": OmegaConf.to_container(cfg, resolve=True), "records": records})
-    # slot_recall's chance is the recall-free reference: guessing among the answer ids in the context
-    plot(records, f"{probe.task}: {name}", out / "curve.png",
-         "recall-free reference" if probe.task == "slot_recall" else "chance")
+    plot(records, f"{probe.task}: {name}", out / "curve.png")
     last = records[-1]
     first50 = steps_to(records, 0.5)
     print(f"chance {last['chance']:.2%}; final held-out accuracy {last['accuracy']:.1%} "

@@ -73,6 +73,20 @@ def run_train(overrides: list[str], out_dir: Path, timeout: float = 240) -> subp
                           text=True, timeout=timeout)
 
 
+def run_cli(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The single `error:` line a refused command ends with (exit 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-3000:]  # progress bars may come before
+    return errors[0]
+
+
 def model_params(ckpt_path: Path) -> dict[str, torch.Tensor]:
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
     return {k: v for k, v in state.items() if k.startswith("model.")}

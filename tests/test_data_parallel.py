@@ -135,6 +135,20 @@ def test_merge_command_and_its_bad_input(prepared, tmp_path):
         f"error: shard folder not found: {tmp_path}/missing"]
 
 
+def test_a_shard_meta_json_naming_a_folder_outside_data_is_refused(prepared, tmp_path):
+    """merge_data writes data/<the name in the shards' meta.json> by default: `../../x` there must not
+    make it write outside data/ (issue 34)."""
+    corpus, _ = prepared
+    folders = [prepare(config(corpus, tmp_path / "par", num_shards=2, shard_index=i))[0] for i in range(2)]
+    for folder in folders:
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["dataset"]["name"] = "../../escaped"
+        (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="dataset name '../../escaped' must be a plain folder name"):
+        merge_shards([str(f) for f in folders])
+    assert not (ROOT.parent / "escaped").exists() and not (ROOT / "escaped").exists()
+
+
 def test_streaming_files_and_a_local_hub_folder_read_the_same(prepared, tmp_path, monkeypatch):
     """`streaming: true` (files) and kind hub on a local folder (the hub path's code, offline)
     give the same tokens as the default Arrow-cached read."""

@@ -1,7 +1,7 @@
-"""The layout of anchormass/eval: one module per suite under eval/suites/, named by the registry;
-no suite module imports another (what several share lives beside the framework in eval/), and no
-module imports a private name of another. Imports are read from the source (ast), lazy ones inside
-functions included, so nothing is executed."""
+"""The layout of anchormass/eval: one module per suite under eval/suites/ (or one package, for a suite
+of several files), named by the registry; no suite imports another (what several share lives beside
+the framework in eval/), and no module imports a private name of another. Imports are read from the
+source (ast), lazy ones inside functions included, so nothing is executed."""
 
 from __future__ import annotations
 
@@ -34,13 +34,23 @@ def imported_modules(path: Path, root: Path) -> set[str]:
     return found
 
 
+def _suite_of(module: str, suite_modules: set[str]) -> str | None:
+    """The suite a module belongs to: the suite module itself, or a file of the suite's package."""
+    return next((s for s in suite_modules if module == s or module.startswith(s + ".")), None)
+
+
 def suite_import_violations(suites_dir: Path, suite_modules: set[str], root: Path) -> list[str]:
-    """One line per import of a suite module by a module under suites_dir (its own aside)."""
+    """One line per import of a suite (its module or a file of its package) by a module of another suite."""
     problems = []
     for path in sorted(suites_dir.rglob("*.py")):
         own = _module_name(path, root)
-        for name in sorted(imported_modules(path, root)):
-            if name in suite_modules and name != own:
+        if own.endswith(".__init__"):
+            own = own.removesuffix(".__init__")
+        seen = set()
+        for name in sorted(imported_modules(path, root)):  # `from m import x` reads as m and m.x: one line
+            other = _suite_of(name, suite_modules)
+            if other is not None and other != _suite_of(own, suite_modules) and other not in seen:
+                seen.add(other)
                 problems.append(f"{path.relative_to(root)} imports the suite module {name}")
     return problems
 
@@ -69,7 +79,8 @@ def private_name_imports(paths: list[Path], root: Path) -> list[str]:
 def test_every_registered_suite_lives_in_eval_suites():
     for module in SUITE_MODULES:
         assert module.startswith("anchormass.eval.suites."), module
-        assert (ROOT / Path(*module.split("."))).with_suffix(".py").is_file(), module
+        path = ROOT / Path(*module.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
 
 
 def test_no_suite_module_imports_another():
@@ -90,10 +101,14 @@ def test_the_checks_catch_a_suite_importing_a_suite_and_a_private_import(tmp_pat
     (suites / "b.py").write_text("def f():\n    from anchormass.eval.suites.a import X\n")
     (suites / "c.py").write_text("from . import a\nfrom anchormass.eval.plots import _save\n")
     (suites / "d.py").write_text("from anchormass.eval import plots\nplots._save(None, None)\n")
-    modules = {"anchormass.eval.suites.a", "anchormass.eval.suites.b"}
+    (suites / "p").mkdir()  # a suite package: its files import each other, not another suite
+    (suites / "p" / "__init__.py").write_text("from anchormass.eval.suites.p.parts import Y\n")
+    (suites / "p" / "parts.py").write_text("from anchormass.eval.suites.a.z import W\n")
+    modules = {"anchormass.eval.suites.a", "anchormass.eval.suites.b", "anchormass.eval.suites.p"}
     assert suite_import_violations(suites, modules, tmp_path) == [
         "anchormass/eval/suites/b.py imports the suite module anchormass.eval.suites.a",
         "anchormass/eval/suites/c.py imports the suite module anchormass.eval.suites.a",
+        "anchormass/eval/suites/p/parts.py imports the suite module anchormass.eval.suites.a.z",
     ]
     assert private_name_imports(sorted(suites.glob("*.py")), tmp_path) == [
         "anchormass/eval/suites/c.py: from anchormass.eval.plots import _save",

@@ -4,6 +4,7 @@ same greedy tokens as our engine (full cache and tight budgets), command-line er
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,19 @@ def test_padded_batches_and_beam_search_are_refused(exported):
         hf.generate(ids, max_new_tokens=2, num_beams=2, do_sample=False)
 
 
+def test_exports_hold_their_weights_as_safetensors_only(exported, tmp_path):
+    from anchormass.hf.export import check_safetensors_only
+
+    for _, folder in exported.values():
+        assert list(folder.glob("*.safetensors")) and not list(folder.glob("*.bin"))
+        check_safetensors_only(folder)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(exported["standard_tiny"][1], pickled)
+    torch.save({}, pickled / "pytorch_model.bin")  # what save_pretrained(safe_serialization=False) writes
+    with pytest.raises(CheckpointError, match=r"safetensors only, found \['pytorch_model.bin'\]"):
+        check_safetensors_only(pickled)
+
+
 def test_export_refuses_bad_input(exported, tmp_path):
     ckpt, folder = exported["standard_tiny"]
     with pytest.raises(CheckpointError, match="not found"):
@@ -166,3 +180,25 @@ def test_cli_one_line_error_for_non_empty_out(exported):
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "not empty" in r.stderr
+
+
+def test_loading_without_the_package_names_its_install_command(exported):
+    """transformers would say `pip install anchormass` (a PyPI name that is not this project); the
+    exported file names where its code comes from instead."""
+    from anchormass.hf.export_anchormass import install_command
+
+    _, folder = exported["anchormass_tiny"]
+    load = f"""
+import importlib.abc, sys
+class NoAnchorMass(importlib.abc.MetaPathFinder):  # as if the package were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "anchormass":
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, NoAnchorMass())
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+"""
+    r = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:") and install_command() in last and "pip install anchormass`" not in last

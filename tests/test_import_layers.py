@@ -20,6 +20,7 @@ LAYERS = {
     "config_checks": 2, "logging_setup": 2,  # typed checks, console set-up
     "dir_lock": 2,                           # one writer per run directory
     "config_compose": 2,                     # config files composed as Hydra does, outside Hydra
+    "path_checks": 2,                        # names read from files stay inside the runs / data roots
     "cli": 3,                                # entry-point behaviour (one-line errors)
     "models": 4, "data": 4,                  # the networks; tokenizer and token files
     "cache": 5,                              # caches and stage-2 / KV policies, built for a model
@@ -28,6 +29,7 @@ LAYERS = {
     "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
     "eval": 9,                               # evaluation suites (may drive anything below)
     "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
+    "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top
 }
 
 

@@ -13,7 +13,6 @@ import errno
 import logging
 import shutil
 import struct
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -35,7 +34,7 @@ from anchormass.training.checkpoint import (
 from anchormass.training.run import train
 from anchormass.utils import atomic_write_text
 
-from _train_helpers import FAST, REPO, compose_train, subprocess_env, train_cmd
+from _train_helpers import FAST, REPO, compose_train, one_error_line, run_cli, train_cmd
 
 MODEL = ["model=standard_tiny"]
 
@@ -59,19 +58,6 @@ def flip_tensor_byte(src: Path, dst: Path) -> Path:
     raw[entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2] ^= 0x40
     dst.write_bytes(bytes(raw))
     return dst
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-3000:]  # progress bars may come before
-    return errors[0]
-
-
-def run_cli(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
 
 
 # ------------------------------------------------------------------ checkpoints

@@ -60,24 +60,6 @@ def test_items_are_deterministic_and_held_out_differs_from_training():
     assert int(a[1].sum()) == 4 * 4  # one target per query
 
 
-def test_slot_recall_rows_are_the_ladder_items_and_held_out_rows_its_eval_stream():
-    """task=slot_recall reads anchormass/data/slot_recall.py: training rows are the `train` stream's
-    items (mask on the answers), held-out rows the `eval` stream's, and chance is the recall-free
-    reference of the held-out questions."""
-    from anchormass.data.slot_recall import SlotRecallVocab, TaskSpec, make_item
-
-    cfg = ProbeConfig(task="slot_recall", seq_len=256, eval_items=8,
-                      slot_recall={"tasks": {"kv": {"n_pairs": 4}}, "min_distance": 64, "start": 16})
-    task = RecallTask(cfg, 512)
-    spec = TaskSpec("kv", 257, n_pairs=4)
-    for split in ("train", "eval"):
-        ids, mask = task.batch(0, 3, 2, split)
-        item = make_item(SlotRecallVocab(), spec, split, 0, 4)
-        assert ids[1].tolist() == item.ids and mask[1].tolist() == item.loss_mask()[1:].astype(bool).tolist()
-    assert not torch.equal(task.batch(0, 0, 2, "train")[0], task.batch(0, 0, 2, "eval")[0])
-    assert 0.25 <= task.chance() <= 0.5  # 4 facts whose values may repeat: 1 / (distinct values) per question
-
-
 class Oracle(torch.nn.Module):
     """Puts all mass on the true next token: a perfect recaller (it reads the answer). Its hidden
     state is the one-hot next token and its LM head the identity, as the probe's loss reads a model."""
@@ -119,10 +101,6 @@ def test_bad_probe_settings_are_config_errors():
         ProbeConfig(task="copy", copy={"ids": [1000, 2000], "min_len": 1, "max_len": 2}).check(1024)
     with pytest.raises(ConfigError, match="steps must be >= 1"):
         ProbeConfig(steps=0).check(1024)
-    with pytest.raises(ConfigError, match="need a vocabulary of at least 512"):  # the ladder's ids must fit
-        ProbeConfig(task="slot_recall", seq_len=512).check(300)
-    with pytest.raises(ConfigError, match="no room"):  # 4 facts 64 tokens before their questions
-        ProbeConfig(task="slot_recall", seq_len=64).check(512)
 
 
 def test_script_writes_the_curve_and_refuses_bad_input(tmp_path):

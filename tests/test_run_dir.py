@@ -152,7 +152,7 @@ def test_every_run_records_config_commit_and_data(data, tmp_path):
     hparams = yaml.safe_load((out / "logs" / "hparams.yaml").read_text())
     assert hparams["data_fingerprint"] == fingerprint(data["pretrain"])
     assert hparams["git_commit"] == git_commit()
-    assert hparams["config"]["optim"]["weight_decay"] == 0.05 and hparams["config"]["output_dir"] == str(out)
+    assert hparams["optim.weight_decay"] == 0.05 and hparams["output_dir"] == str(out)
 
 
 @pytest.mark.slow

@@ -184,12 +184,24 @@ def test_tiny_curriculum_end_to_end(tmp_path):
 
     again = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("skipped (already done)") == 2, again.stdout
+    # The recipe changed: the finished stages are not credited to it (one line, nothing touched) ...
+    changed = subprocess.run([*cmd, "stage.lr=0.05"], cwd=REPO, env=subprocess_env(), capture_output=True,
+                             text=True, timeout=300)
+    assert changed.returncode == 2 and changed.stderr.count("\n") == 1, changed.stdout + changed.stderr
+    assert "pretrain_1k was trained with other settings than the recipe gives now" in changed.stderr
+    assert "stage.lr: - -> 0.05" in changed.stderr and "done" not in changed.stdout
+    # ... unless the command says to keep them
+    kept = subprocess.run([*cmd, "stage.lr=0.05", "changed=keep"], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert kept.returncode == 0 and kept.stdout.count("skipped (already done)") == 2, kept.stdout + kept.stderr
 
     # A stage that fails: its log's path and last lines on the console, the stage's exit code.
     failing = [*cmd[:-2], f"runs_root={tmp_path / 'failing'}", "evaluate=false", "stage.total_steps=many"]
     fail = subprocess.run(failing, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     log = tmp_path / "failing" / "t" / "anchormass_tiny" / "pretrain_1k" / "train.log"
     assert fail.returncode == 2, fail.stdout + fail.stderr
-    assert "pretrain_1k  FAILED: exit 2" in fail.stdout and f"log: {log}" in fail.stdout
+    assert ("pretrain_1k  FAILED: error: stage.total_steps must be a whole number, got 'many' (exit 2"
+            in fail.stdout and f"log: {log}" in fail.stdout)
+    assert "fix what it names" in fail.stdout and "rerun the same command to resume" not in fail.stdout
     assert "| error: stage.total_steps must be a whole number, got 'many'" in fail.stdout
     assert "warmup_4k" not in fail.stdout  # the chain stops at its first failure

@@ -55,7 +55,7 @@ def test_every_group_instantiates(data, tmp_path):
         if isinstance(cfg.trainer.strategy, str):
             assert cfg.trainer.strategy == "auto"
         else:
-            assert type(instantiate(cfg.trainer.strategy)).__name__ in ("DDPStrategy", "FSDPStrategy")
+            assert type(instantiate(cfg.trainer.strategy)).__name__ in ("DDPStrategy", "SafeFSDPStrategy")
     assert all(instantiate(c) is not None for c in cfg.callbacks.values())
     for stage in STAGES:
         scfg = compose_train([f"stage={stage}", f"data_dir={stage_data(stage, data)}", *FAST], tmp_path)

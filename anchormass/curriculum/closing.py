@@ -18,7 +18,7 @@ from anchormass.curriculum.execute import StageRun, run_step
 from anchormass.curriculum.recipe import Recipe
 from anchormass.eval.aggregate import write_aggregate
 from anchormass.training.stage_console import StageConsole, shown
-from anchormass.utils import REPO_ROOT, atomic_write_text
+from anchormass.utils import atomic_write_text
 
 
 @dataclass
@@ -32,6 +32,12 @@ class ReportJob:
     overrides: list[str]
 
 
+def side(label: str, stage: str) -> tuple[str, str]:
+    """(model, stage) of one side of a comparison: `<model>/<stage>`, or a model at the entry's stage."""
+    model, _, own = label.partition("/")
+    return model, own or stage
+
+
 def report_jobs(recipe: Recipe, runs: list[StageRun], root: Path) -> list[ReportJob]:
     """Every evaluate.py call, entry by entry and seed by seed. The recipe's `eval_overrides` follow
     every entry's own (e.g. smaller evaluation sizes for a quick run). A model that does not train
@@ -41,7 +47,7 @@ def report_jobs(recipe: Recipe, runs: list[StageRun], root: Path) -> list[Report
     for entry in recipe.evaluate:
         for seed in recipe.seed_list:
             out = root / "report" / entry.name / (f"seed{seed}" if seed is not None else "")
-            a, b = by_key.get((seed, entry.a, entry.stage)), by_key.get((seed, entry.b, entry.stage))
+            a, b = (by_key.get((seed, *side(label, entry.stage))) for label in (entry.a, entry.b))
             if a is None or b is None:
                 continue
             jobs.append(ReportJob(entry.name, seed, a, b, out, [*entry.overrides, *recipe.eval_overrides]))
@@ -54,7 +60,7 @@ def evaluate(recipe: Recipe, runs: list[StageRun], root: Path, console: StageCon
     per_entry: dict[str, list[ReportJob]] = {}
     for job in report_jobs(recipe, runs, root):
         tag = f"{job.name}" + (f" seed{job.seed}" if job.seed is not None else "")
-        cmd = [sys.executable, str(REPO_ROOT / "evaluate.py"), f"ckpt={job.a.last_ckpt}",
+        cmd = [sys.executable, "-m", "anchormass.commands.evaluate", f"ckpt={job.a.last_ckpt}",
                f"compare_ckpt={job.b.last_ckpt}", f"out_dir={job.out_dir}", "overwrite=true", *job.overrides]
         if console.verbose >= 1:
             console.print(f"report {tag}: {job.a.model} vs {job.b.model} at {job.a.stage} ...")

@@ -28,9 +28,12 @@ from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE
 from anchormass.training.stage_console import StageConsole, Task, shown
-from anchormass.utils import REPO_ROOT
+from anchormass.utils import atomic_write_json
 
 LOG_FILE = "train.log"
+# The train.py arguments a stage was started with, written before it starts: a rerun compares them
+# with what the recipe gives now, so a changed recipe never inherits an old run's result.
+ARGS_FILE = "stage_args.json"
 LOCK_FILE_NAME = ".curriculum.lock"  # in runs/<curriculum>/, held while a runner works there
 
 
@@ -44,6 +47,7 @@ class StageRun:
     args: list[str] = field(default_factory=list)  # train.py overrides
     seed: int | None = None  # the training seed, when the curriculum lists seeds
     shared_from: "StageRun | None" = None  # a shared stage: the run (of the first model) that trains it
+    after: "StageRun | None" = None  # the run of another model's chain whose checkpoint seeds this one
 
     @property
     def chain(self) -> tuple[int | None, str]:
@@ -84,7 +88,7 @@ def curriculum_lock(root: Path) -> Iterator[None]:
 def command(run: StageRun) -> list[str]:
     """The train.py call for one run: resume its own checkpoint if one exists, else start
     from the parent stage's weights."""
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *run.args]
+    cmd = [sys.executable, "-m", "anchormass.commands.train", *run.args]
     if run.last_ckpt.is_file():
         cmd.append(f"ckpt_path={run.last_ckpt}")
     elif run.init_from is not None:
@@ -102,13 +106,13 @@ def finished_text(run: StageRun, seconds: float) -> str:
 
 def _run_chain(chain: list[StageRun], console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
     """One model's stages in order; returns the first non-zero exit code (0 when all ran). Each
-    run's event is set once it is over (done, skipped or failed), for chains that share it. A
+    run's event is set once it is over (done, skipped or failed), for chains that wait on it. A
     stage starts only once the one before it is done; after a stop signal none starts."""
     try:
         for run in chain:
             if stop_requested():
                 return EXIT_INTERRUPTED
-            rc = _run_one(run, console, label, finished)
+            rc = _wait_for_parent(run, console, label, finished) or _run_one(run, console, label, finished)
             finished[id(run)].set()
             if rc:
                 return rc
@@ -116,6 +120,25 @@ def _run_chain(chain: list[StageRun], console: StageConsole, label, finished: di
     finally:
         for run in chain:
             finished[id(run)].set()  # a failed chain never leaves a waiter hanging
+
+
+def _wait_for_parent(run: StageRun, console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
+    """A stage seeded by another chain's run starts once that run is done; 1 if it failed."""
+    if run.after is None:
+        return 0
+    finished[id(run.after)].wait()
+    if run.after.is_done() or run.is_done():
+        return 0
+    if stop_requested():
+        return EXIT_INTERRUPTED
+    console.post("failed", Task(label(run), run.log_path, progress_dir=run.out_dir),
+                 message=f"it starts from {run.after.model}/{run.after.stage}, which did not finish")
+    return 1
+
+
+def _ready(chain: list[StageRun], finished: dict[int, threading.Event]) -> bool:
+    """Every run of other chains that this chain waits on is over."""
+    return all(finished[id(dep)].is_set() for r in chain for dep in (r.after, r.shared_from) if dep is not None)
 
 
 def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, threading.Event]) -> int:
@@ -133,6 +156,11 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         console.post("skipped", task, message="skipped (already done)")
         return 0
     (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    if not (run.out_dir / ARGS_FILE).is_file():  # a resume keeps the record of the run's first start
+        atomic_write_json(run.out_dir / ARGS_FILE, {"args": run.args,
+                                                    "init_from": str(run.init_from) if run.init_from else None},
+                          indent=1)
     console.post("started", task)
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
     t0 = time.perf_counter()
@@ -141,8 +169,7 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         console.post("interrupted", task, message=interrupted_text(run, rc))
         return EXIT_INTERRUPTED
     if rc != 0:
-        console.post("failed", task, message=f"exit {rc} after {time.perf_counter() - t0:.0f} s; "
-                                             f"rerun the same command to resume")
+        console.post("failed", task, message=failure_text(run, rc, time.perf_counter() - t0))
         return rc
     if not run.is_done():  # exit 0 without its total steps: its next stage must not start from it
         console.post("failed", task, message=f"exit 0, but {shown(run.out_dir / RESULT_FILE)} does not record "
@@ -150,6 +177,25 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
+
+
+def last_error_line(log: Path) -> str | None:
+    """The stage's own one-line refusal (`error: ...`), the last one its log holds."""
+    if not log.is_file():
+        return None
+    lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    return next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
+
+
+def failure_text(run: StageRun, rc: int, seconds: float) -> str:
+    """The stage's own error line first, then advice that works: a refusal (exit 2) stays a refusal
+    on a rerun until what it names is fixed; a crash resumes from the stage's last checkpoint."""
+    error = last_error_line(run.log_path)
+    head = f"{error} (exit {rc} after {seconds:.0f} s)" if error else f"exit {rc} after {seconds:.0f} s"
+    if rc == 2:
+        return f"{head}; the stage refused to run: fix what it names, then rerun the same command"
+    where = "from its last checkpoint" if run.last_ckpt.is_file() else "from the start of the stage"
+    return f"{head}; rerun the same command to resume {where}"
 
 
 def interrupted_text(run: StageRun, rc: int) -> str:
@@ -178,9 +224,20 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
         seed = f"{f'seed{run.seed}':<{wseed}}  " if run.seed is not None else ""
         return f"{seed}{run.model:<{wm}}  {run.stage:<{ws}}"
 
+    finished = {id(run): threading.Event() for run in runs}
+    pending = list(chains.values())
+    picking = threading.Lock()
+
+    def next_chain() -> list[StageRun]:
+        """The first chain, in plan order, whose other-chain parents are over (else the first one
+        left, which then waits): a waiting chain does not hold a core while others could train."""
+        with picking:
+            chain = next((c for c in pending if _ready(c, finished)), pending[0])
+            pending.remove(chain)
+            return chain
+
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        finished = {id(run): threading.Event() for run in runs}
-        futures = [pool.submit(_run_chain, chain, console, label, finished) for chain in chains.values()]
+        futures = [pool.submit(lambda: _run_chain(next_chain(), console, label, finished)) for _ in chains]
         try:
             console.follow(futures)
         except BaseException:  # the runner is going down: its stages save and stop too, then it waits for them

@@ -28,15 +28,18 @@ from anchormass.curriculum.recipe import ModelSpec, Recipe, StageSpec
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
+from anchormass.training.run import ACROSS_ARCH_FIELDS, ARCH_FIELDS
 from anchormass.utils import CONFIG_ROOT, REPO_ROOT
 
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
+# The model fields that shape its tensors: a checkpoint seeds another model only if they agree.
+TENSOR_FIELDS = tuple(k for k in ARCH_FIELDS if k not in ACROSS_ARCH_FIELDS)
 # Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
 # file, and its progress to a small file the runner shows as a live line.
 STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
                       "++callbacks.progress_file._target_=anchormass.training.progress.ProgressFile"]
 # scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
-RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose")
+RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose", "changed")
 # Hydra settings that belong to the stages: the launcher that runs each train.py (e.g. on Slurm).
 STAGE_HYDRA_PREFIXES = ("hydra/launcher=", "hydra.launcher.")
 
@@ -71,17 +74,16 @@ def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = (
     for seed in recipe.seed_list:
         base = runs_root / recipe.name / (f"seed{seed}" if seed is not None else "")
         owners: dict[str, PlannedRun] = {}  # shared stage -> the first model's run of it
+        by_model: dict[str, dict[str, PlannedRun]] = {}  # this seed's runs so far, model -> stage -> run
         for variant in recipe.models:
-            done: dict[str, PlannedRun] = {}
+            done = by_model.setdefault(variant.name, {})
             for entry in recipe.stages:
                 if not variant.trains(entry.key, seed):
                     continue
-                parent = entry.init_from
-                if parent is not None and parent not in done:
-                    raise ConfigError(f"curriculum {recipe.name}: stage {entry.key} starts from {parent}, which is "
-                                      f"not an earlier stage {variant.name} trains (order: {order})")
-                run = PlannedRun(variant, entry, seed, base / variant.name / entry.key,
-                                 done[parent] if parent else None, tuple(extra))
+                parent = start_run(recipe, variant, entry, seed, done, by_model, order)
+                run = PlannedRun(variant, entry, seed, base / variant.name / entry.key, parent, tuple(extra))
+                if parent is not None and parent.model != run.model:
+                    check_same_tensors(recipe, parent, run)
                 owner = owners.setdefault(entry.key, run) if entry.shared else run
                 if owner is not run:
                     check_shared(recipe, owner, run)
@@ -91,9 +93,53 @@ def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = (
     return runs
 
 
+def start_run(recipe: Recipe, variant: ModelSpec, entry: StageSpec, seed: int | None,
+              done: dict[str, PlannedRun], by_model: dict[str, dict[str, PlannedRun]],
+              order: list[str]) -> PlannedRun | None:
+    """The run whose last checkpoint seeds this stage: an earlier stage of the same model, or
+    `<model>/<stage>` of a model listed before it (under the same seed)."""
+    ref = variant.start_of(entry)
+    if ref is None:
+        return None
+    where = f"curriculum {recipe.name}: {variant.name}'s stage {entry.key} starts from {ref}"
+    if "/" not in ref:
+        if ref not in done:
+            raise ConfigError(f"curriculum {recipe.name}: stage {entry.key} starts from {ref}, which is "
+                              f"not an earlier stage {variant.name} trains (order: {order})")
+        return done[ref]
+    model, stage = ref.split("/", 1)
+    if model == variant.name:
+        raise ConfigError(f"{where}: name its own stages without the model ({stage})")
+    if model not in by_model:
+        labels = [m.name for m in recipe.models]
+        raise ConfigError(f"{where}, but {model} is not a model listed before {variant.name} "
+                          f"(models: {labels})")
+    if stage not in by_model[model]:
+        raise ConfigError(f"{where}, but {model} does not train {stage}"
+                          + (f" under seed {seed}" if seed is not None else "")
+                          + f" (it trains {list(by_model[model])})")
+    return by_model[model][stage]
+
+
+def check_same_tensors(recipe: Recipe, parent: PlannedRun, run: PlannedRun) -> None:
+    """A stage may start from another model's checkpoint only if every tensor has the same shape:
+    the fields that shape them agree (arch and the local/global split may differ, docs/method.md §5)."""
+    a, b = model_config(recipe, parent).to_dict(), model_config(recipe, run).to_dict()
+    differ = [k for k in TENSOR_FIELDS if a[k] != b[k]]
+    if differ:
+        raise ConfigError(f"curriculum {recipe.name}: {run.model}'s stage {run.stage} starts from "
+                          f"{parent.model}/{parent.stage}, whose tensors differ ("
+                          + "; ".join(f"{k}: {a[k]} vs {b[k]}" for k in differ) + ")")
+
+
+def crosses_architecture(recipe: Recipe, parent: PlannedRun, run: PlannedRun) -> bool:
+    a, b = model_config(recipe, parent).to_dict(), model_config(recipe, run).to_dict()
+    return any(a[k] != b[k] for k in ACROSS_ARCH_FIELDS)
+
+
 def model_overrides(recipe: Recipe, run: PlannedRun) -> list[str]:
     """The `model.<field>=` overrides a run trains with, in the order train_args passes them."""
-    return [o for o in (*recipe.overrides, *run.variant.overrides, *run.extra) if o.startswith("model.")]
+    return [o for o in (*recipe.overrides, *run.variant.overrides_for(run.stage), *run.extra) if o.startswith("model.")]
 
 
 def model_config(recipe: Recipe, run: PlannedRun):
@@ -108,7 +154,7 @@ def check_shared(recipe: Recipe, owner: PlannedRun, run: PlannedRun) -> None:
     where = f"curriculum {recipe.name}: stage {run.stage} is shared"
     if run.entry.init_from is not None:
         raise ConfigError(f"{where}, so it must start from scratch (init_from: null), not from {run.entry.init_from}")
-    own = lambda r: {o for o in r.variant.overrides if not o.startswith("model.")}  # noqa: E731
+    own = lambda r: {o for o in r.variant.overrides_for(r.stage) if not o.startswith("model.")}  # noqa: E731
     if own(owner) != own(run):
         raise ConfigError(f"{where}, but {run.model} trains it with other arguments than {owner.model}: "
                           f"{sorted(own(run) ^ own(owner))}")
@@ -157,10 +203,12 @@ def train_args(recipe: Recipe, run: PlannedRun) -> list[str]:
     args += [f"stage.{k}={override_value(v)}" for k, v in e.settings]
     if run.parent is not None and run.parent.shared_from is not None:
         args.append("init_across_arch=true")  # the shared checkpoint is the first model's
+    elif run.parent is not None and run.parent.model != run.model and crosses_architecture(recipe, run.parent, run):
+        args.append("init_across_arch=true")  # a retrofit: another architecture's checkpoint
     threads = [f"torch_threads={recipe.parallel}"] if e.shared and recipe.parallel > 1 else []
     # The seed goes last: a command-line `seed=` cannot silently collapse the seeds into one.
     seeded = [f"seed={run.seed}"] if run.seed is not None else []
-    return merge_overrides(args + list(recipe.overrides) + list(run.variant.overrides) + threads
+    return merge_overrides(args + list(recipe.overrides) + list(run.variant.overrides_for(run.stage)) + threads
                            + list(run.extra) + seeded)
 
 
@@ -170,7 +218,8 @@ def stage_runs(recipe: Recipe, runs: list[PlannedRun]) -> list[StageRun]:
     for r in runs:
         out[id(r)] = StageRun(r.model, r.stage, r.out_dir, r.parent.last_ckpt if r.parent else None,
                               train_args(recipe, r), r.seed,
-                              shared_from=out[id(r.shared_from)] if r.shared_from is not None else None)
+                              shared_from=out[id(r.shared_from)] if r.shared_from is not None else None,
+                              after=out[id(r.parent)] if r.parent is not None and r.parent.model != r.model else None)
     return list(out.values())
 
 

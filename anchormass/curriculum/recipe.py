@@ -13,12 +13,18 @@ refer to): `stage` (the configs/stage preset, default the key), `data` (configs/
 null), `shared` (trained once by the first model; anchormass/curriculum/plan.py), `set`
 ({<stage key>: value}).
 
-Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds}`: an ablation of
-one preset, which may train only some stages and some of the recipe's seeds.
+Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds, init_from,
+stage_overrides}`: an ablation of one preset, which may train only some stages and some of the
+recipe's seeds. `init_from: {<stage>: <model>/<stage>}` starts one of its stages from another model's
+stage (a retrofit: AnchorMass from a trained Standard, docs/method.md §6 j); `stage_overrides:
+{<stage>: [...]}` adds train.py overrides to one stage only (a compression schedule raising
+model.group_size stage by stage). A stage's own `init_from` may name another model's stage the same way.
 
 Evaluate entry (key = its name, its report folder): `stage`, `overrides` (evaluate.py), and the
-models it compares: `pair: [a, b]`, or `against: <model>` (one comparison of that model with every
-other model, each named after the other model: the ablations), else the first two models.
+models it compares: `pair: [a, b]` (either may be `<model>/<stage>`: that model's run of another
+stage, e.g. a retrofitted model against the Standard it started from), or `against: <model>` (one
+comparison of that model with every other model, each named after the other model: the ablations),
+else the first two models.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from anchormass.errors import ConfigError
+from anchormass.path_checks import check_recipe_names
 
 STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
-MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds"}
+MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds", "init_from", "stage_overrides"}
 EVAL_KEYS = {"stage", "pair", "against", "overrides"}
 
 
@@ -42,6 +49,15 @@ class ModelSpec:
     overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
     stages: tuple[str, ...] | None = None  # the stage keys it trains (None: all)
     seeds: tuple[int, ...] | None = None  # the recipe seeds it trains under (None: all)
+    init_from: tuple[tuple[str, str], ...] = ()  # (stage, "<model>/<stage>"): its own start for that stage
+    stage_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (stage, train.py overrides for it alone)
+
+    def start_of(self, entry: "StageSpec") -> str | None:
+        """The run a stage starts from: this model's own choice for it, else the stage's."""
+        return dict(self.init_from).get(entry.key, entry.init_from)
+
+    def overrides_for(self, stage: str) -> tuple[str, ...]:
+        return (*self.overrides, *dict(self.stage_overrides).get(stage, ()))
 
     def trains(self, stage: str, seed: int | None) -> bool:
         return ((self.stages is None or stage in self.stages)
@@ -175,6 +191,15 @@ def _seeds(cfg: DictConfig) -> tuple[int, ...] | None:
     return tuple(items)
 
 
+def _per_stage(name: str, m: DictConfig, key: str, trained: set[str]) -> dict[str, Any]:
+    """A model entry's {<stage>: value} mapping, checked to name only stages the model trains."""
+    value = _plain(m.get(key)) or {}
+    if not isinstance(value, dict) or set(value) - trained:
+        raise ConfigError(f"curriculum {name}: model {m.name}: {key} must map stages it trains "
+                          f"{sorted(trained)} to values, got {value!r}")
+    return value
+
+
 def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> tuple[ModelSpec, ...]:
     specs = []
     for m in cfg.models:
@@ -195,8 +220,18 @@ def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> 
         if own_seeds is not None and (seeds is None or not own_seeds or set(own_seeds) - set(seeds)):
             raise ConfigError(f"curriculum {cfg.name}: model {m.name}: seeds must be a non-empty subset of "
                               f"curriculum.seeds {list(seeds) if seeds else None}, got {list(own_seeds)}")
+        trained = set(own_stages if own_stages is not None else keys)
+        starts = _per_stage(cfg.name, m, "init_from", trained)
+        if any(not isinstance(v, str) for v in starts.values()):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: init_from maps a stage to "
+                              f"'<model>/<stage>', got {starts}")
+        per_stage = _per_stage(cfg.name, m, "stage_overrides", trained)
+        if any(not isinstance(v, list) for v in per_stage.values()):
+            raise ConfigError(f"curriculum {cfg.name}: model {m.name}: stage_overrides maps a stage to a list of "
+                              f"overrides, got {per_stage}")
         specs.append(ModelSpec(m.name, m.model, tuple(str(o) for o in (m.get("overrides") or [])),
-                               own_stages, own_seeds))
+                               own_stages, own_seeds, tuple(starts.items()),
+                               tuple((k, tuple(str(o) for o in v)) for k, v in per_stage.items())))
     labels = [s.name for s in specs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -230,9 +265,10 @@ def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple
                                   f"pass two models or evaluate=false")
             pair = labels[:2]
         pair = [str(p) for p in pair] if not isinstance(pair, str) else [pair]
-        if len(pair) != 2 or pair[0] == pair[1] or any(p not in labels for p in pair):
+        if (len(pair) != 2 or pair[0] == pair[1] or any(p.split("/", 1)[0] not in labels for p in pair)
+                or any(p.split("/", 1)[1] not in stages for p in pair if "/" in p)):
             raise ConfigError(f"curriculum {cfg.name}: evaluate {name}: pair must name two different "
-                              f"models of {labels}, got {pair}")
+                              f"models of {labels} (or <model>/<stage> of its stages), got {pair}")
         out.append(EvalSpec(name, str(entry.stage), pair[0], pair[1], overrides))
     return tuple(out)
 
@@ -243,6 +279,7 @@ def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
     for key in ("name", "models", "stages"):
         if cfg.get(key) is None:
             raise ConfigError(f"the curriculum lacks '{key}'")
+    check_recipe_names(cfg)  # its names become folders under runs_root: none may point outside it
     parallel = cfg.get("parallel", 1)
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"curriculum.parallel must be a whole number of models >= 1, got {parallel!r}")

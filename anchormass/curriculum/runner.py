@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from anchormass.curriculum.changes import check_changes
 from anchormass.curriculum.closing import evaluate
 from anchormass.curriculum.execute import curriculum_lock, execute, run_step
 from anchormass.curriculum.plan import datasets, plan, stage_overrides, stage_runs
@@ -21,7 +22,7 @@ from anchormass.errors import ConfigError, DataError
 from anchormass.logging_setup import check_verbose
 from anchormass.training.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals
 from anchormass.training.stage_console import StageConsole, shown
-from anchormass.utils import REPO_ROOT, atomic_write_json, resolve_path
+from anchormass.utils import atomic_write_json, resolve_path
 
 
 def prepare_data(recipe: Recipe, logs: Path, console: StageConsole) -> None:
@@ -31,7 +32,7 @@ def prepare_data(recipe: Recipe, logs: Path, console: StageConsole) -> None:
             continue
         log = logs / f"prepare_{folder.name}.log"
         try:
-            run_step(console, f"data {shown(folder)}", [sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"),
+            run_step(console, f"data {shown(folder)}", [sys.executable, "-m", "anchormass.commands.prepare_data",
                                                          *args], log, "prepared")
         except SystemExit:
             raise DataError(f"preparing {shown(folder)} failed; its log: {shown(log)}") from None
@@ -66,6 +67,7 @@ def run_curriculum(cfg: DictConfig, task_overrides: list[str], hydra_overrides: 
     runs = stage_runs(recipe, plan(recipe, root.parent, stage_overrides(task_overrides, hydra_overrides)))
     # Stop signals go to the running stages, which save.
     with curriculum_lock(root), forward_stop_signals():
+        check_changes(runs, str(cfg.get("changed", "refuse")))
         try:
             prepare_data(recipe, root / "logs", console)
             summary = execute(runs, parallel=recipe.parallel, console=console)

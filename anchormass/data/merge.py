@@ -18,6 +18,7 @@ from anchormass.data.prepare import build_folder
 from anchormass.data.shards import ShardReader
 from anchormass.data.split_writer import SplitWriter
 from anchormass.errors import ConfigError, DataError
+from anchormass.path_checks import check_data_out_dir, check_folder_name
 from anchormass.utils import atomic_write_bytes, resolve_path
 
 # What every shard of one corpus must share (meta.json keys).
@@ -85,7 +86,9 @@ def _merge_into(readers: list[ShardReader], out: Path) -> dict[str, Any]:
 def merge_shards(shards: list[str], out_dir: str | None = None) -> tuple[Path, dict[str, Any]]:
     """Merge into out_dir (default data/<name>); returns (folder, meta) as prepare() does."""
     readers = open_shards(shards)
-    out = resolve_path(out_dir or f"data/{readers[0].meta['dataset']['name']}")
+    # the default is named by the shards' meta.json: a plain folder name, or data/../.. would leave data/
+    name = check_folder_name(readers[0].meta["dataset"]["name"], f"{readers[0].root}/meta.json: dataset name")
+    out = check_data_out_dir(out_dir or f"data/{name}", "out_dir")
     if out in {r.root.resolve() for r in readers}:
         raise ConfigError(f"out_dir {out} is one of the shard folders; merge into another folder")
     return build_folder(out, lambda staging: _merge_into(readers, staging))

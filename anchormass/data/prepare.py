@@ -39,6 +39,7 @@ from anchormass.data.token_file import write_tokens
 from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
+from anchormass.path_checks import check_data_out_dir, check_folder_name
 from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask, resolve_path, writable_dir
 
 
@@ -170,14 +171,7 @@ def _prepare_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     return {**_base_meta(cfg, "sft", tok, desc), "longctx": {**spec_meta, "seed": seed}, "splits": splits}
 
 
-def _prepare_slot_recall(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    from anchormass.data.slot_recall import prepare_slot_recall  # it imports this module's writers
-
-    return prepare_slot_recall(cfg, out)
-
-
-_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx,
-          "slot_recall": _prepare_slot_recall}
+_KINDS = {"pretrain": _prepare_pretrain, "sft": _prepare_sft, "longctx": _prepare_longctx}
 
 
 # Numeric settings read with int()/float() while preparing: a word there is a one-line ConfigError.
@@ -195,7 +189,8 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     if not cfg.get("name"):
         raise ConfigError("data config needs a name")
     check_numbers(cfg, _NUMBERS, label="data.")
-    out = resolve_path(cfg.get("out_dir") or f"data/{cfg['name']}")
+    name = check_folder_name(cfg["name"], "data.name")  # data/<name>: never a path out of data/
+    out = check_data_out_dir(cfg.get("out_dir") or f"data/{name}")
     shards = int(cfg.get("num_shards") or 1)
     if shards > 1:  # a shard is not a dataset: never where the merged folder goes (merge.py)
         if kind != "pretrain":

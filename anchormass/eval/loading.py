@@ -78,6 +78,12 @@ def load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: tor
 
 def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[EvalModel]:
     seed = int(cfg.get("seed", 0))
+    from anchormass.training.safe_load import safe_torch_load
+
+    for key in ("ckpt", "compare_ckpt"):  # both opened safely (memory-mapped) before either model is built
+        path = Path(str(cfg.get(key) or "")).expanduser()
+        if cfg.get(key) and path.is_file():
+            safe_torch_load(path, mmap=True)
     a = load_one(cfg.get("ckpt"), cfg.get("model"), "model A", device, dtype, seed)
     if a is None:
         raise ConfigError("nothing to evaluate: pass ckpt=<path.ckpt> or model=<preset> (random init)")

@@ -1,5 +1,5 @@
 """Argmax predictions at query positions, shared by the suites that score recall per query
-(mqar, recall_frontier, slot_recall): one parallel forward, or a cache session (prefill the
+(mqar, recall_frontier): one parallel forward, or a cache session (prefill the
 context under a policy / budget, then feed the queries one token at a time)."""
 
 from __future__ import annotations

@@ -13,5 +13,5 @@ SUITES: dict[str, str] = {
     "lm_eval": "anchormass.eval.suites.lm_eval:LmEvalSuite",
     "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
     "mqar": "anchormass.eval.suites.mqar:MqarSuite",
-    "slot_recall": "anchormass.eval.suites.slot_recall:SlotRecallSuite",
+    "retrofit": "anchormass.eval.suites.retrofit:RetrofitSuite",
 }

@@ -5,6 +5,8 @@ remote-code folders running this package (export_anchormass.py; `format="anchorm
 Standard checkpoint there too, to generate through our Standard cache and its KV policies).
 Every folder gets the tokenizer (tokenizer_export.py) and anchormass_export.json (provenance.py).
 The folder is written under a temporary name and renamed into place when complete.
+Weights go out as safetensors only (tensors and a JSON header: loading them runs nothing); a folder
+holding a pickled weight file is never published (`check_safetensors_only`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from anchormass.errors import ConfigError, DataError
+from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.utils import writable_dir
 
 FORMATS = ("auto", "llama", "anchormass")
+# Weight files in pickle formats (transformers' pytorch_model.bin, torch .pt/.pth/.ckpt, raw pickles).
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 
 
 def _check_out(out: Path) -> None:
@@ -23,6 +27,15 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"out {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"out {out} already exists and is not empty; choose a new folder")
+
+
+def check_safetensors_only(folder: Path) -> None:
+    """An export's weights are *.safetensors and nothing is pickled: a reader of the folder
+    (`from_pretrained`) deserialises tensors only."""
+    pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
+    if pickled or not any(folder.glob("*.safetensors")):
+        raise CheckpointError(f"export {folder} must hold its weights as safetensors only, found "
+                              f"{pickled or 'no *.safetensors'}; nothing was published")
 
 
 def _quiet_transformers() -> None:
@@ -80,6 +93,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
         write_provenance(staging, Path(ckpt), arch, {
             "format": "llama" if as_llama else "anchormass", "tokenizer": str(Path(tok.path).resolve()),
             "tokenizer_sha256": tok.checksum, "trained_lengths": hparams.get("trained_lengths")})
+        check_safetensors_only(staging)
         if out.exists():
             out.rmdir()  # empty (checked above)
         staging.rename(out)

@@ -13,6 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from anchormass.errors import AnchorMassError
+from anchormass.training.device_peak import resolve_peak_tflops
+from anchormass.training.optim import grad_norm
 
 
 class TrainingDiverged(AnchorMassError):
@@ -46,21 +48,20 @@ class NonFiniteStop(Callback):
         self._check(trainer, loss, "training loss")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if grads:
-            self._check(trainer, torch.linalg.vector_norm(torch.stack(
-                [torch.linalg.vector_norm(g.detach().float()) for g in grads])), "gradient norm")
+        self._check(trainer, grad_norm(pl_module), "gradient norm")
 
 
 class Throughput(Callback):
     """Logs tokens/s (all devices) and MFU, averaged over the last `window` optimizer steps.
 
-    MFU = model FLOPs per token x tokens/s / (peak_tflops x 1e12 x devices); not logged when
-    `peak_tflops` is null (e.g. on CPU, where no peak is meaningful).
+    MFU = model FLOPs per token x tokens/s / (peak_tflops x 1e12 x devices); `peak_tflops: auto`
+    looks the device up (training/device_peak.py); not logged when the peak is null or unknown
+    (e.g. on CPU, where no peak is meaningful).
     """
 
-    def __init__(self, peak_tflops: float | None = None, window: int = 20):
-        self.peak_tflops = peak_tflops
+    def __init__(self, peak_tflops: float | str | None = None, window: int = 20):
+        self.setting = peak_tflops
+        self.peak_tflops: float | None = None
         self.window = window
         self._times: deque[float] = deque(maxlen=window + 1)
         self._tokens: deque[int] = deque(maxlen=window)
@@ -79,6 +80,7 @@ class Throughput(Callback):
         return self._flops_per_token
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.peak_tflops = resolve_peak_tflops(self.setting, trainer)
         self._times.clear()
         self._tokens.clear()
         self._times.append(time.perf_counter())

@@ -4,6 +4,10 @@ A checkpoint is a Lightning `.ckpt` (docs/architecture.md): `hyper_parameters` h
 `model_config` (ModelConfig.to_dict(), `original_max_len` = longest length trained so far),
 `trained_lengths`, `tokenizer_path` and `data_fingerprint`; `state_dict` keys are `model.<param>`.
 
+Safety: every read goes through `safe_torch_load` (training/safe_load.py, weights_only=True): a
+file holding Python objects other than tensors and plain values is refused before it can run
+anything, Lightning's own restore included (`AtomicCheckpointIO.load_checkpoint`).
+
 Integrity: every checkpoint written through `atomic_torch_save` (so every Lightning save, via
 AtomicCheckpointIO) carries `content_sha256`, a sha256 over the state_dict and optimizer-state
 tensors' bytes (with their names, dtypes and shapes) in key order. `read_checkpoint`, which resume,
@@ -27,6 +31,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from anchormass.errors import CheckpointError
+from anchormass.training.safe_load import safe_torch_load
 from anchormass.utils import REPO_ROOT, atomic_path
 
 STATE_PREFIX = "model."
@@ -102,25 +107,25 @@ def verify_checksum(ckpt: dict, path: str | os.PathLike) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, with temp file + os.replace on the local filesystem."""
+    """Lightning's checkpoint IO: writes with temp file + os.replace on the local filesystem, reads
+    (a resume's restore) with the weights-only unpickler, whatever `weights_only` Lightning passes."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
         atomic_torch_save(checkpoint, path)
 
+    def load_checkpoint(self, path, map_location="cpu", weights_only=None) -> dict:
+        # "cpu" as Lightning's default (lambda storage, loc: storage) leaves the storages
+        return safe_torch_load(path, map_location=map_location)
+
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """The raw checkpoint dict; CheckpointError with one line when missing, unreadable or corrupt
-    (content checksum mismatch). Resume reads it here before Lightning loads the file itself."""
+    """The raw checkpoint dict; CheckpointError with one line when missing, unreadable, holding
+    Python objects (UnsafeCheckpoint) or corrupt (content checksum mismatch). Resume reads it here
+    before Lightning loads the file itself."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        # Our own files: they hold optimizer/loop state and plain-python hparams.
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as err:  # corrupt / truncated / not a torch file
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from None
+    ckpt = safe_torch_load(path, map_location)  # one line for a missing, unreadable or unsafe file
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise CheckpointError(f"{path} is not an AnchorMass training checkpoint (no state_dict/hyper_parameters)")
     if "model_config" not in ckpt["hyper_parameters"]:

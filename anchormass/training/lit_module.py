@@ -2,11 +2,17 @@
 
 Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_config`,
 `trained_lengths`, `tokenizer_path`, `data_fingerprint`, plus the optimiser and stage settings
-that make a resume reproduce the same schedule.
+that make a resume reproduce the same schedule. The loggers get the run record instead
+(training/run_record.py: the resolved config, the code, the data).
+
+Logged: `train/loss`, `train/target_tokens`, `train/grad_norm` (before clipping), `val/loss` and
+`val/ppl` (= exp(val/loss)); the learning rate per named group comes from LearningRateMonitor
+(`lr/decay`, `lr/no_decay`). Logging reads values only: it changes no number of the training.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -16,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from anchormass.errors import ConfigError
 from anchormass.models.config import ModelConfig
 from anchormass.training.loss import chunked_cross_entropy
-from anchormass.training.optim import build_optimizer
+from anchormass.training.optim import build_optimizer, grad_norm
 
 # The optimiser settings come from the `optim` node of configs/train.yaml (the one place that sets them).
 OPTIM_KEYS = ("lr", "weight_decay", "betas", "eps", "warmup_steps", "min_lr_ratio")
@@ -40,12 +46,13 @@ class LitLanguageModel(L.LightningModule):
             optim=dict(optim), trained_lengths=trained,
             tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
             data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk),
-            tokenizer_checksum=tokenizer_checksum))
+            tokenizer_checksum=tokenizer_checksum), logger=False)
         from anchormass.models import build_model
 
         self.model = build_model(cfg)
         self.model_cfg = cfg
         self._warned_empty = False
+        self._val_sum, self._val_rows = 0.0, 0  # val/loss as Lightning averages it, for val/ppl
 
     # ------------------------------------------------------------------ loss
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -68,10 +75,31 @@ class LitLanguageModel(L.LightningModule):
         self.log("train/target_tokens", n_tokens.float(), reduce_fx="sum", sync_dist=multi)
         return loss
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Called once per optimizer step, after gradient accumulation and before clipping.
+        self.log("train/grad_norm", grad_norm(self, self.trainer.strategy), on_step=True, on_epoch=False)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sum, self._val_rows = 0.0, 0
+
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _ = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
+        rows = batch["input_ids"].shape[0]
+        self.log("val/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1, batch_size=rows)
+        self._val_sum = self._val_sum + loss.detach().double() * rows  # a tensor: no device sync per batch
+        self._val_rows += rows
         return loss
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_rows:
+            return
+        # The same batch-size-weighted mean over all ranks as `val/loss`, then its exponential.
+        totals = torch.stack([torch.as_tensor(self._val_sum, dtype=torch.float64, device=self.device),
+                              torch.tensor(float(self._val_rows), dtype=torch.float64, device=self.device)])
+        if self.trainer.world_size > 1:
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        mean = float(totals[0] / totals[1])
+        self.log("val/ppl", math.inf if mean > 700 else math.exp(mean))  # exp overflows a double past ~709
 
     # ------------------------------------------------------------------ optimiser
     def configure_optimizers(self):
@@ -79,4 +107,7 @@ class LitLanguageModel(L.LightningModule):
         opt, sched = build_optimizer(
             self.model, lr=o["lr"], weight_decay=o["weight_decay"], betas=o["betas"], eps=o["eps"],
             warmup_steps=o["warmup_steps"], total_steps=self.hparams.total_steps, min_lr_ratio=o["min_lr_ratio"])
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+        # "name": LearningRateMonitor's prefix, so the groups log as lr/decay and lr/no_decay.
+        return {"optimizer": opt,
+                "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"}}
+

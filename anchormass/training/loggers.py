@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import torch
 from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.fabric.utilities.logger import _add_prefix
+from lightning.fabric.utilities.logger import _add_prefix, _convert_params, _flatten_dict
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -91,10 +91,29 @@ class ContinuingCSVLogger(CSVLogger):
 
 
 class ContinuingTensorBoardLogger(TensorBoardLogger):
+    # The metrics the HPARAMS tab shows beside each run's hyper-parameters (read from the scalars).
+    HPARAM_METRICS = ("val/loss", "val/ppl", "train/loss")
+
     def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any) -> None:
         if resume_step is not None:
             kwargs["purge_step"] = int(resume_step)
         super().__init__(*args, **kwargs)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
+        """Lightning writes the HPARAMS summary only with metric values (`default_hp_metric`
+        logs a fake `hp_metric`); this writes it with the metrics' names alone, so the tab lists
+        the run's real curves and no value is logged at step 0."""
+        super().log_hyperparams(params, metrics, step)  # hparams.yaml
+        if metrics is not None:
+            return  # Lightning wrote the summary with those values
+        from torch.utils.tensorboard.summary import hparams
+
+        plain = self._sanitize_params(_flatten_dict(_convert_params(params)))
+        writer = self.experiment._get_file_writer()
+        for summary in hparams(plain, dict.fromkeys(self.HPARAM_METRICS, 0.0)):
+            writer.add_summary(summary, step)
+        self.experiment.flush()
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -7,6 +7,7 @@ run stopped early (or resumed) follows exactly the curve the full stage would.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,15 +16,16 @@ from anchormass.errors import ConfigError
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Matrices (projections, embedding, lm_head) decay; vectors (norm gains) do not."""
+    """Matrices (projections, embedding, lm_head) decay; vectors (norm gains) do not. Each group is
+    named: LearningRateMonitor logs `lr/decay` and `lr/no_decay` rather than `lr-AdamW/pg1`."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if not p.requires_grad:
             continue
         (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
+    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"}]
     if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+        groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})
     return groups
 
 
@@ -58,3 +60,15 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas=(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, warmup_steps, total_steps, min_lr_ratio))
     return opt, sched
+
+
+def grad_norm(module: nn.Module, strategy: Any = None) -> torch.Tensor:
+    """The global L2 norm of the gradients. Sharded (FSDP) gradients are summed over the ranks;
+    under DDP each rank already holds the averaged gradients."""
+    grads = [p.grad.detach() for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    if strategy is not None and "fsdp" in type(strategy).__name__.lower():
+        norm = strategy.reduce(norm.square(), reduce_op="sum").sqrt()
+    return norm

@@ -34,7 +34,7 @@ from anchormass.errors import ConfigError
 from anchormass.training.loss import IGNORE_INDEX, chunked_cross_entropy
 from anchormass.training.optim import lr_factor, param_groups
 
-TASKS = ("mqar", "copy", "slot_recall")
+TASKS = ("mqar", "copy")
 COPY_MARKS = (5, 6)  # the two marker ids around a segment's first saying (any ids below the range)
 
 
@@ -53,7 +53,6 @@ class ProbeConfig:
     seed: int = 0
     mqar: dict = field(default_factory=lambda: {"vocab": None, "n_pairs": 8, "alpha": 1.0})
     copy: dict = field(default_factory=lambda: {"ids": [100, 164], "min_len": 6, "max_len": 24})
-    slot_recall: dict = field(default_factory=lambda: {"tasks": {"kv": {"n_pairs": 4}}})
 
     def check(self, vocab_size: int) -> None:
         if self.task not in TASKS:
@@ -68,11 +67,6 @@ class ProbeConfig:
                                   f"{vocab_size}) (the model's vocabulary, above the marker ids)")
             if not 1 <= int(self.copy["min_len"]) <= int(self.copy["max_len"]):
                 raise ConfigError("recall probe: copy needs 1 <= min_len <= max_len")
-        if self.task == "slot_recall":  # ids that fit and a layout that fits, before anything runs
-            from anchormass.data.slot_recall import SlotRecallVocab, task_specs
-
-            SlotRecallVocab.from_config(self.slot_recall.get("vocab")).check_fits(vocab_size)
-            task_specs(self.slot_recall, self.seq_len + 1)
 
 
 class RecallTask:
@@ -90,40 +84,15 @@ class RecallTask:
             self.n_pairs = int(cfg.mqar.get("n_pairs", 8))
             self.alpha = float(cfg.mqar.get("alpha", 1.0))
             check_shape(self.vocab, cfg.seq_len + 1, self.n_pairs, self.n_pairs, self.alpha)
-        elif cfg.task == "slot_recall":
-            from anchormass.data.slot_recall import SlotRecallVocab, task_specs
-
-            self.vocab = SlotRecallVocab.from_config(cfg.slot_recall.get("vocab"))
-            specs = task_specs(cfg.slot_recall, cfg.seq_len + 1)
-            self.specs = [s for s, _ in specs.values()]
-            fractions = np.asarray([f for _, f in specs.values()])
-            self.fractions = fractions / fractions.sum()
 
     def chance(self) -> float:
-        if self.cfg.task == "slot_recall":  # per answer token: guessing among the answer-type ids in context
-            from anchormass.data.slot_recall import recall_free_rate
-
-            rates = [recall_free_rate(self.vocab, it, q) ** (1 / len(q.predict))
-                     for i in range(self.cfg.eval_items) for it in [self._item("eval", self.cfg.seed, i)]
-                     for q in it.questions for _ in q.predict]
-            return float(np.mean(rates))
         if self.cfg.task == "mqar":
             return 1.0 / (self.vocab.values[1] - self.vocab.values[0])
         lo, hi = self.cfg.copy["ids"]
         return 1.0 / (int(hi) - int(lo))
 
-    def _item(self, split: str, seed: int, index: int):
-        """Item `index` of the slot-recall ladder's `split` stream, its task drawn with the fractions."""
-        from anchormass.data.slot_recall import make_item
-
-        pick = np.random.default_rng([seed, index, 0x5E]).choice(len(self.specs), p=self.fractions)
-        return make_item(self.vocab, self.specs[pick], split, seed, index)
-
-    def _row(self, seed: int, index: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    def _row(self, seed: int, index: int) -> tuple[np.ndarray, np.ndarray]:
         T = self.cfg.seq_len + 1
-        if self.cfg.task == "slot_recall":  # held-out rows come from the ladder's own `eval` stream
-            item = self._item(split, seed, index)
-            return np.asarray(item.ids, dtype=np.int64), item.loss_mask().astype(bool)
         if self.cfg.task == "mqar":
             from anchormass.data.mqar import training_example
 
@@ -138,16 +107,14 @@ class RecallTask:
             mask += [False] * (len(seg) + 2) + [True] * len(seg)
         return np.asarray(ids[:T], dtype=np.int64), np.asarray(mask[:T], dtype=bool)
 
-    def batch(self, seed: int, start: int, n: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self._row(seed, start + i, split) for i in range(n)]
+    def batch(self, seed: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self._row(seed, start + i) for i in range(n)]
         ids = torch.from_numpy(np.stack([r[0] for r in rows]))
         mask = torch.from_numpy(np.stack([r[1] for r in rows]))[:, 1:]  # mask[t]: target ids[t + 1]
         return ids, mask
 
     def held_out(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """n items training never draws: the ladder's own `eval` stream, else a seed of their own."""
-        if self.cfg.task == "slot_recall":
-            return self.batch(self.cfg.seed, 0, n, "eval")
+        """n items training never draws: a seed of their own."""
         return self.batch(self.cfg.seed + 1_000_003, 0, n)
 
 
@@ -204,7 +171,7 @@ def train_probe(model, cfg: ProbeConfig, progress=None) -> list[dict]:
             losses = []
             if progress is not None:
                 progress(rec)
-    chance = task.chance()  # slot_recall's is measured over its held-out items: once
+    chance = task.chance()
     for r in records:
         r["chance"] = chance
     return records

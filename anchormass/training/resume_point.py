@@ -2,7 +2,9 @@
 
 - The resume point is the checkpoint in `<run folder>/checkpoints/` with the highest step recorded
   inside it (its `global_step`), not the one named `last.ckpt`: a folder copied from another run
-  (or one holding an old `last-v1.ckpt`) still resumes from its newest weights.
+  (or one holding an old `last-v1.ckpt`) still resumes from its newest weights. The scan opens each
+  file with the weights-only reader (training/safe_load.py), memory-mapped, and skips with one
+  `note:` line a file it cannot read, or that holds Python objects a checkpoint must not contain.
 - `FolderCheckpoint` is Lightning's ModelCheckpoint that never writes `-vN` copies (it overwrites
   its own file names) and that, restored from a checkpoint made in another folder, maps the kept
   checkpoints it remembers onto its own folder, so it keeps rotating them.
@@ -19,32 +21,43 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from anchormass.errors import CheckpointError
+from anchormass.training.safe_load import UnsafeCheckpoint, safe_torch_load
 from anchormass.utils import atomic_path
 
 LAST_PREFIX = "last"  # ModelCheckpoint.CHECKPOINT_NAME_LAST (and an old run's last-vN.ckpt)
 
 
-def recorded_step(path: str | os.PathLike) -> int | None:
-    """The optimizer step a checkpoint holds, read from its content (memory-mapped: the tensors
-    are not read); None when the file is not a readable checkpoint."""
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The optimizer step a checkpoint holds, read from its content (safely, memory-mapped: the
+    tensors are not read). CheckpointError (UnsafeCheckpoint) when it is not a readable checkpoint."""
+    ckpt = safe_torch_load(path, mmap=True)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
         return int(ckpt["global_step"])
-    except Exception:  # truncated / not a torch file / no global_step: not a resume point
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path} is not a training checkpoint (no global_step)") from None
+
+
+def recorded_step(path: str | os.PathLike) -> int | None:
+    """checkpoint_step, or None when the file is not a readable (or not a safe) checkpoint."""
+    try:
+        return checkpoint_step(path)
+    except CheckpointError:
         return None
 
 
 def _steps(folder: Path) -> dict[Path, int]:
     steps = {}
     for path in sorted(folder.glob("*.ckpt")):
-        step = recorded_step(path)
-        if step is None:
+        try:
+            steps[path] = checkpoint_step(path)
+        except UnsafeCheckpoint as err:
+            print(f"note: {path} holds Python objects that a checkpoint must not contain ({err.offending}); "
+                  f"ignored", file=sys.stderr)
+        except CheckpointError:  # truncated / not a torch file / no global_step: not a resume point
             print(f"note: {path} is not a readable checkpoint; ignored", file=sys.stderr)
-        else:
-            steps[path] = step
     return steps
 
 

@@ -34,15 +34,17 @@ from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
 from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.resume_point import (
+    checkpoint_step,
     clean_checkpoint_folder,
     latest_checkpoint,
     make_last_the_newest,
-    recorded_step,
 )
 from anchormass.training.resume_settings import ResumeOverrides, check_resume_settings
 from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_process, release
+from anchormass.training.run_record import log_run_record, run_record
+from anchormass.training.safe_load import safe_torch_load
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text, git_commit, writable_dir
+from anchormass.utils import atomic_write_json, atomic_write_text, writable_dir
 
 RESULT_FILE = "train_result.json"
 
@@ -130,14 +132,6 @@ def attach_wandb_id(cfg: DictConfig, out: Path, resume: str | None) -> None:
         cfg.logger.resume = "allow"
     if is_launching_process():
         atomic_write_text(out / WANDB_ID_FILE, run_id + "\n")
-
-
-def log_run_record(trainer: L.Trainer, cfg: DictConfig, data_dir: Path) -> None:
-    """What a logged run must be traceable to: the resolved config, the code, the data."""
-    record = {"config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
-              "data_fingerprint": fingerprint(data_dir)}
-    for logger in trainer.loggers:
-        logger.log_hyperparams(record)
 
 
 def build_trainer(cfg: DictConfig, out: Path, run_callbacks: list | tuple = ()) -> L.Trainer:
@@ -284,13 +278,17 @@ def train(cfg: DictConfig) -> dict:
         cfg.ckpt_path = resume
     if resume and not Path(resume).is_file():
         raise CheckpointError(f"ckpt_path not found: {resume}")
-    resume_step = recorded_step(resume) if resume else None
+    # Both starting checkpoints are opened with the weights-only reader (memory-mapped) before anything
+    # is built: one holding Python objects is refused in one line (training/safe_load.py).
+    resume_step = checkpoint_step(resume) if resume else None
     attach_resume_step(cfg, resume_step)  # the loggers drop what the interrupted run logged after it
     if resume_step is not None and resume_step >= int(cfg.stage.total_steps):
         print(f"note: {resume} is at step {resume_step} of stage.total_steps={int(cfg.stage.total_steps)}: "
               f"nothing left to train; its last metrics are kept")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         raise CheckpointError(f"init_from checkpoint not found: {cfg.init_from}")
+    if cfg.get("init_from"):
+        safe_torch_load(cfg.init_from, mmap=True)
     data_dir = Path(cfg.data_dir)
     meta = data_metadata(data_dir)
     verify_dataset(data_dir)  # every split file against its sidecar's sha256 (~2 s per GB, data/README.md)
@@ -312,10 +310,11 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     datamodule = build(datamodule_config(cfg.stage.datamodule, meta["kind"]))
     attach_wandb_id(cfg, out, resume)
     trainer = build_trainer(cfg, out, [CarriedMetrics(out / RESULT_FILE), ResumeOverrides(module.resume_changes)])
-    log_run_record(trainer, cfg, data_dir)
+    log_run_record(trainer.loggers, run_record(cfg, module.model_cfg.to_dict(), fingerprint(data_dir)))
     interrupted = None
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+        # weights_only: Lightning's own restore unpickles nothing but data, whichever strategy reads it
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     except TrainingInterrupted as err:  # saved at a step boundary (training/preemption.py): recorded, then re-raised
         interrupted = err
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

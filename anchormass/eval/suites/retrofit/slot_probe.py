@@ -1,4 +1,4 @@
-"""What stage 1 did with a needle, read off a model's parallel forward (docs/method.md §2.3, §6 i).
+"""What stage 1 did with a needle, read off a model's parallel forward (docs/method.md §2.3, §6 j).
 
 Read-only: forward pre-hooks on every layer's attention module record its input; q, k, v are then
 recomputed with the module's own projections and RoPE, and the compression is the one

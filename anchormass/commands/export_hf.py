@@ -1,0 +1,52 @@
+"""Export a checkpoint for `transformers`: `python scripts/export_hf.py` or `anchormass-export` `ckpt=<path> out=<dir>`.
+
+Standard checkpoints become native LlamaForCausalLM folders; AnchorMass ones load with
+`AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)` (needs this package
+installed). Both carry the tokenizer and anchormass_export.json (source sha256, git commit).
+See anchormass/hf/export.py. Bad input exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
+from anchormass.errors import ConfigError
+from anchormass.utils import CONFIG_ROOT
+
+
+@exit_on_error
+def run(cfg: DictConfig) -> None:
+    for key in ("ckpt", "out"):
+        if not cfg.get(key):
+            raise ConfigError(f"{key}=<path> is required (python scripts/export_hf.py ckpt=<path.ckpt> out=<dir>)")
+    from anchormass.hf.export import export_checkpoint
+    from anchormass.hf.provenance import PROVENANCE_FILE
+
+    out = export_checkpoint(cfg.ckpt, cfg.out, tokenizer=cfg.get("tokenizer"), format=str(cfg.get("format", "auto")))
+    info = json.loads((out / PROVENANCE_FILE).read_text())
+    print(json.dumps({"out": str(out), "format": info["format"], "source_sha256": info["source_sha256"]}))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="export_hf")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+def cli() -> None:
+    """`python scripts/export_hf.py ...` and `anchormass-export ...`."""
+    from anchormass.cli_help import exit_with_help
+
+    exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
+                   {"format": ["auto", "llama", "anchormass"]})
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
+    check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,63 @@
+"""Prepare a dataset: `python scripts/prepare_data.py` or `anchormass-prepare` `data=<name> [data.key=value ...]`.
+
+Writes data/<name>/ (tokenizer.model, train.bin/val.bin + sidecars, meta.json); see
+anchormass/data/prepare.py. Example: `python scripts/prepare_data.py data=demo` (offline, seconds);
+`data.out_dir=/tmp/x` writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.config_checks import check_required
+from anchormass.utils import CONFIG_ROOT
+
+# The primary config lives here (only the `data` group is in configs/): no run folder, no log file.
+ConfigStore.instance().store(name="prepare_data", node={
+    "defaults": [{"data": "demo"}, {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"},
+                 "_self_"],
+    "hydra": {"output_subdir": None, "run": {"dir": "."}},
+})
+
+
+@exit_on_error
+def run(cfg: DictConfig) -> None:
+    from anchormass.data.prepare import prepare
+
+    check_data_config(cfg)
+    out, meta = prepare(OmegaConf.to_container(cfg.data, resolve=True))
+    print(json.dumps({"out_dir": str(out), "vocab_size": meta["vocab_size"], "splits": meta["splits"],
+                      "seconds": meta["seconds"]}, indent=1))
+
+
+def check_data_config(cfg: DictConfig) -> None:
+    check_required(cfg.data)  # data=alpaca without data.tokenizer.path (keys are named from the root)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="prepare_data")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+def cli() -> None:
+    """`python scripts/prepare_data.py ...` and `anchormass-prepare ...`."""
+    from anchormass.cli_help import exit_with_help
+    from anchormass.training.logged_process import follow_parent
+
+    exit_with_help(sys.argv[1:], "scripts/prepare_data.py", __doc__, ["data"])
+
+    follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
+    check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
+    main()
+
+
+if __name__ == "__main__":
+    cli()
