@@ -50,9 +50,17 @@ def render(script: str, doc: str, groups: list[str], config_name: str | None = N
         lines += ["Options (key=value; defaults shown):",
                   *textwrap.wrap("  ".join(options(config_name)), 100, initial_indent="  ", subsequent_indent="  ",
                                  break_on_hyphens=False, break_long_words=False), ""]
-    lines += [f"The composed config: python {script} [overrides] --cfg job. Hydra's own flags: --hydra-help.",
-              f"Shell completion (bash): eval \"$(python {script} -sc install=bash)\"."]
+    command = invoked_as(script)
+    lines += [f"The composed config: {command} [overrides] --cfg job. Hydra's own flags: --hydra-help.",
+              f"Shell completion (bash): eval \"$({command} -sc install=bash)\"."]
     return "\n".join(lines)
+
+
+def invoked_as(script: str) -> str:
+    """`python train.py` from a checkout (or `python -m anchormass.commands.train`); the console
+    script's own name (`anchormass-train`) when the installed command was run."""
+    name = Path(sys.argv[0]).name
+    return f"python {script}" if not name or name.endswith(".py") else name
 
 
 def exit_with_help(argv: list[str], script: str, doc: str, groups: list[str], config_name: str | None = None,
