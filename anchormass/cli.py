@@ -27,6 +27,31 @@ def exit_on_error(fn):
     return wrapper
 
 
+def quoted_where_needed(argv: list[str]) -> list[str]:
+    """`key=value` overrides that Hydra's grammar cannot read unquoted (a path with non-ASCII
+    characters: `out_dir=/data/出力`) as `key="value"`, which it reads as the same string; every
+    other argument as given. A path the user typed is then a path, not a lexer error."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+
+    def parses(text: str) -> bool:
+        try:
+            parser.parse_override(text)
+        except Exception:
+            return False
+        return True
+
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if (not arg.startswith("-") and eq and value and not any(c in value for c in "\"'")
+                and not parses(arg) and parses(f'{key}="{value}"')):
+            arg = f'{key}="{value}"'
+        out.append(arg)
+    return out
+
+
 @exit_on_error
 def check_group_choices(config_dir, argv: list[str]) -> None:
     """Refuse `group=option` overrides naming a config file that does not exist, in one line.

@@ -58,6 +58,22 @@ def current_umask() -> int:
 _FILE_MODE = 0o666 & ~current_umask()  # mkstemp makes 0600 files; finished outputs get the usual mode
 
 
+def writable_dir(path: str | os.PathLike, what: str) -> Path:
+    """Create folder `path` (parents too) and prove it writable now, not after the work that will
+    write there: one line naming `what` otherwise (read-only, under a file, no permission)."""
+    from anchormass.errors import ConfigError
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_probe-{os.getpid()}"  # per process: two launches may probe at once
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"{what} {path} is not writable: {err.strerror or err}") from None
+    return path
+
+
 def format_bytes(n: int) -> str:
     """`12,582,912 bytes (12.6 MB)`: the exact count and a readable size (decimal units)."""
     unit, scale = next(((u, s) for u, s in (("TB", 1e12), ("GB", 1e9)) if n >= s), ("MB", 1e6))

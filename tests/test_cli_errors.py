@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from _train_helpers import FAST, REPO, subprocess_env, tiny_datasets
 
@@ -49,7 +50,15 @@ TRAIN_CASES = {
     "stage.totl_steps=5": ["unknown key stage.totl_steps", "did you mean stage.total_steps?", "+stage.totl_steps="],
     "hydra/launcher=submitit_locl": ["unknown hydra/launcher 'submitit_locl'", "submitit_local"],
     "hydra/sweeper=optuna_optm": ["unknown hydra/sweeper 'optuna_optm'", "optuna_optim"],
+    # the key the user set, not the optim key that follows it (issue 36); was refused inside the run
+    "stage.warmup_steps=3": ["stage.warmup_steps=3 must be in [0, stage.total_steps=2]"],
+    "optim.warmup_steps=3": ["optim.warmup_steps=3 must be in [0, stage.total_steps=2]"],
+    "data_dir=no/such/data": ["no prepared data folder no/such/data"],   # left .hydra/ and train.log behind
+    "init_from=no/such.ckpt": ["init_from checkpoint not found: no/such.ckpt"],
 }
+if not torch.cuda.is_available():   # was a 31-line traceback, exit 1, and a run folder left behind
+    TRAIN_CASES["trainer=gpu"] = ["trainer=gpu needs a CUDA GPU", "use trainer=cpu"]
+    TRAIN_CASES["trainer=ddp"] = ["trainer=ddp needs a CUDA GPU", "trainer=ddp_cpu"]
 
 
 @pytest.mark.parametrize("bad", list(TRAIN_CASES))

@@ -21,12 +21,15 @@ LAYERS = {
     "dir_lock": 2,                           # one writer per run directory
     "config_compose": 2,                     # config files composed as Hydra does, outside Hydra
     "path_checks": 2,                        # names read from files stay inside the runs / data roots
+    "parent_death": 2,                       # child processes that end with their parent
     "cli": 3,                                # entry-point behaviour (one-line errors)
+    "cli_help": 3,                           # entry points' --help, before torch loads
     "models": 4, "data": 4,                  # the networks; tokenizer and token files
     "cache": 5,                              # caches and stage-2 / KV policies, built for a model
     "inference": 6,                          # prefill + the one decode loop, over model and cache
     "training": 7,                           # Lightning module, optimiser, runs, checkpoints
     "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
+    "launch_checks": 8,                      # train's checks before the run folder (reads training's settings)
     "eval": 9,                               # evaluation suites (may drive anything below)
     "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
     "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top

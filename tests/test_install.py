@@ -83,6 +83,10 @@ def test_wheel_installs_and_its_console_scripts_run_outside_the_checkout(tmp_pat
     assert Path(package).is_relative_to(tmp_path / "venv") and Path(config_root).is_relative_to(tmp_path / "venv")
     assert (Path(config_root) / "train.yaml").is_file() and Path(repo_root) == work and checkout is None
 
+    # --help lists the installed configs' presets and names the command that was run.
+    helped = run([bin_dir / "anchormass-train", "--help"], work, env)
+    assert "standard_tiny" in helped.stdout and "anchormass-train -sc install=bash" in helped.stdout
+
     # Defaults that are relative (data/demo, runs/...) land in the working folder.
     run([bin_dir / "anchormass-prepare", "data=demo", *TINY_DATA], work, env)
     assert (work / "data" / "demo" / "meta.json").is_file()

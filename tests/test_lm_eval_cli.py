@@ -1,6 +1,7 @@
 """`lm_eval --model hf --include_path <ours> --tasks jcqa_local` on an exported folder, offline,
 scores each question as `evaluate.py suite=lm_eval` does on the checkpoint (issue 24). The include
-folder is written by `python -m anchormass.hf.lm_eval_tasks <JGLUE folder> <include folder>`."""
+folder is written, and the command printed, by
+`python -m anchormass.hf.lm_eval_tasks <JGLUE folder> <include folder> <exported folder>`."""
 
 from __future__ import annotations
 
@@ -34,11 +35,43 @@ def jcqa_files(d: Path) -> Path:
     return d
 
 
+def fake_export(folder: Path, **config) -> Path:
+    """An exported folder as far as the printed command depends on it: its config.json."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def lm_eval_tasks(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "anchormass.hf.lm_eval_tasks", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_the_include_folder_is_one_line_on_a_missing_jglue_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "anchormass.hf.lm_eval_tasks", str(tmp_path / "nowhere"),
-                           str(tmp_path / "inc")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    export = fake_export(tmp_path / "exp", model_type="llama", max_position_embeddings=256)
+    proc = lm_eval_tasks(tmp_path / "nowhere", tmp_path / "inc", export)
     assert proc.returncode == 2 and proc.stderr.startswith("error: JCommonsenseQA file not found")
     assert not (tmp_path / "inc").exists()
+
+
+@pytest.mark.parametrize("config, model_args", [
+    ({"model_type": "anchormass", "auto_map": {"AutoModelForCausalLM": "modeling.X"}}, ",trust_remote_code=True"),
+    ({"model_type": "llama", "max_position_embeddings": 256}, ",max_length=2048"),   # past the trained 256
+])
+def test_the_printed_harness_command_fits_the_export(tmp_path, config, model_args):
+    """Before: `--model_args pretrained=<exported folder>` for either, which fails as printed."""
+    import shlex
+
+    export = fake_export(tmp_path / "my export", **config)   # a space: the printed command quotes it
+    proc = lm_eval_tasks(jcqa_files(tmp_path), tmp_path / "inc", export)
+    assert proc.returncode == 0, proc.stderr
+    command = shlex.split(proc.stdout.strip())
+    assert command[:2] == ["lm_eval", "--model"] and "<" not in proc.stdout
+    assert command[command.index("--model_args") + 1] == f"pretrained={export.resolve()}{model_args}"
+    assert command[command.index("--include_path") + 1] == str((tmp_path / "inc").resolve())
+    assert (tmp_path / "inc" / "jcqa_local.yaml").is_file()
+    if config["model_type"] == "llama":
+        assert "max_position_embeddings (256, the trained length)" in proc.stderr
 
 
 REAL_JCQA = ROOT.parent / "shared" / "data" / "jglue" / "jcommonsenseqa-v1.3"
@@ -61,14 +94,14 @@ def test_lm_eval_cli_on_the_export_scores_each_question_as_the_suite(tmp_path, s
                                              f"out_dir={tmp_path / 'suite'}", "progress=false"])
     suite = json.loads((run_evaluation(cfg) / "results.json").read_text())["suites"]["lm_eval"]["items"]
 
-    inc = tmp_path / "include"
-    made = subprocess.run([sys.executable, "-m", "anchormass.hf.lm_eval_tasks", str(data), str(inc)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    made = lm_eval_tasks(data, tmp_path / "include", folder)
     assert made.returncode == 0, made.stderr
+    import shlex
+
+    printed = shlex.split(made.stdout.strip())   # the command as printed, plus the test's limits
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cli = subprocess.run([LM_EVAL, "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True",
-                          "--include_path", str(inc), "--tasks", "jcqa_local", "--limit", "4", "--batch_size", "1",
-                          "--device", "cpu", "--log_samples", "--output_path", str(tmp_path / "cli")],
+    cli = subprocess.run([LM_EVAL, *printed[1:], "--limit", "4", "--device", "cpu", "--log_samples",
+                          "--output_path", str(tmp_path / "cli")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert cli.returncode == 0, cli.stderr[-3000:]
     [samples] = list((tmp_path / "cli").rglob("samples_jcqa_local_*.jsonl"))
@@ -77,3 +110,22 @@ def test_lm_eval_cli_on_the_export_scores_each_question_as_the_suite(tmp_path, s
     for row, item in zip(rows, suite):
         assert (row["acc"], row["acc_norm"]) == (item["acc"], item["acc_norm"])
         assert [float(r[0][0]) for r in row["resps"]] == pytest.approx(item["loglik"], abs=1e-5)
+
+
+@pytest.mark.slow  # one harness run
+def test_the_printed_command_runs_on_a_llama_export(tmp_path):
+    import shlex
+
+    from anchormass.hf.export import export_checkpoint
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    folder = export_checkpoint(tiny_checkpoint(tmp_path / "std.ckpt", "standard_tiny", tok), tmp_path / "exported")
+    made = lm_eval_tasks(jcqa_files(tmp_path), tmp_path / "include", folder)
+    assert made.returncode == 0, made.stderr
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cli = subprocess.run([LM_EVAL, *shlex.split(made.stdout.strip())[1:], "--limit", "2", "--device", "cpu",
+                          "--log_samples", "--output_path", str(tmp_path / "cli")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    [samples] = list((tmp_path / "cli").rglob("samples_jcqa_local_*.jsonl"))
+    assert len(samples.read_text().splitlines()) == 2

@@ -11,13 +11,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
-from anchormass.eval.runner import run_evaluation
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
 def evaluate(cfg: DictConfig) -> None:
+    from anchormass.eval.runner import run_evaluation
+
     out = run_evaluation(cfg)
     print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
 
@@ -29,9 +30,15 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python evaluate.py ...` and `anchormass-eval ...`."""
+    from anchormass.cli_help import exit_with_help, presets
+    from anchormass.eval.suite_names import SUITES
     from anchormass.training.logged_process import follow_parent
 
+    exit_with_help(sys.argv[1:], "evaluate.py", __doc__, ["eval", "model"], "evaluate",
+                   {"suite": [*SUITES, "all"], "compare_model": presets("model")})
+
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "evaluate", sys.argv[1:])
     main()

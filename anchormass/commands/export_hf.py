@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
@@ -39,6 +39,11 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/export_hf.py ...` and `anchormass-export ...`."""
+    from anchormass.cli_help import exit_with_help
+
+    exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
+                   {"format": ["auto", "llama", "anchormass"]})
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()
 

@@ -14,9 +14,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.config_checks import check_required
-from anchormass.data.prepare import prepare
 from anchormass.utils import CONFIG_ROOT
 
 # The primary config lives here (only the `data` group is in configs/): no run folder, no log file.
@@ -29,6 +28,8 @@ ConfigStore.instance().store(name="prepare_data", node={
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
+    from anchormass.data.prepare import prepare
+
     check_data_config(cfg)
     out, meta = prepare(OmegaConf.to_container(cfg.data, resolve=True))
     print(json.dumps({"out_dir": str(out), "vocab_size": meta["vocab_size"], "splits": meta["splits"],
@@ -46,9 +47,13 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/prepare_data.py ...` and `anchormass-prepare ...`."""
+    from anchormass.cli_help import exit_with_help
     from anchormass.training.logged_process import follow_parent
 
+    exit_with_help(sys.argv[1:], "scripts/prepare_data.py", __doc__, ["data"])
+
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
     main()

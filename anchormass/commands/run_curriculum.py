@@ -20,20 +20,26 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error
-from anchormass.curriculum.runner import run_curriculum
+from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
 from anchormass.utils import CONFIG_ROOT
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="run_curriculum")
 @exit_on_error
 def main(cfg: DictConfig) -> None:
+    from anchormass.curriculum.runner import run_curriculum
+
     overrides = HydraConfig.get().overrides
     run_curriculum(cfg, list(overrides.task), list(overrides.hydra))
 
 
 def cli() -> None:
     """`python scripts/run_curriculum.py ...` and `anchormass-curriculum ...`."""
+    from anchormass.cli_help import exit_with_help
+
+    exit_with_help(sys.argv[1:], "scripts/run_curriculum.py", __doc__, ["curriculum", "trainer", "logger"],
+                   "run_curriculum")
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     main()
 

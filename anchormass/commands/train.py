@@ -14,11 +14,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.errors import AnchorMassError
+from anchormass.launch_checks import check_train_launch  # before Hydra writes the run folder: a refusal leaves nothing
 from anchormass.logging_setup import apply_verbosity
-from anchormass.training.callbacks import TrainingDiverged
-from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
 from anchormass.training.run_dir import is_launching_process
 from anchormass.utils import CONFIG_ROOT
 
@@ -26,6 +25,8 @@ from anchormass.utils import CONFIG_ROOT
 @hydra.main(config_path=str(CONFIG_ROOT), config_name="train", version_base="1.3")
 @exit_on_error
 def main(cfg: DictConfig) -> float | None:
+    from anchormass.training.callbacks import TrainingDiverged
+    from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
     from anchormass.training.run import train
 
     apply_verbosity(cfg)
@@ -48,7 +49,8 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {err}", file=sys.stderr)
         return None
     print(f"done: step {result['global_step']}, last checkpoint {result['last_checkpoint']}")
-    return result["metrics"].get("val/loss")
+    # The sweeper's objective: only a run that trained all its steps has one (an Optuna sweep ranks it).
+    return result["metrics"].get("val/loss") if result.get("completed") else None
 
 
 def in_search() -> bool:
@@ -105,34 +107,38 @@ def check_launcher_rerun(argv: list[str]) -> None:
     release(cfg.hydra.run.dir)
 
 
-def check_train_numbers(cfg: DictConfig) -> None:
-    """The run's typed checks (training/run.py INT_SETTINGS), here before Hydra writes the run
-    folder's .hydra/ and train.log: a refused run leaves nothing behind."""
-    from anchormass.config_checks import check_numbers
-    from anchormass.training.run import INT_SETTINGS
-
-    check_numbers(cfg, INT_SETTINGS)
-
-
 @exit_on_error
 def check_run_dir(argv: list[str]) -> None:
-    """Hydra creates its run folder before any of our code runs; an unwritable one must still
-    fail with one line and exit 2, so check an explicit hydra.run.dir first."""
+    """Hydra creates its run (or sweep) folder before any of our code runs; an unwritable one must
+    still fail with one line and exit 2, so check an explicit hydra.run.dir / hydra.sweep.dir first."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from anchormass.training.run import check_output_dir
 
     for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            check_output_dir(arg.split("=", 1)[1])
+        if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            try:
+                path = str(OverridesParser.create().parse_override(arg).value())  # "quoted" as written
+            except Exception:  # not readable: Hydra reports it in its own words below
+                return
+            check_output_dir(path)
 
 
 def cli() -> None:
     """`python train.py ...` and `anchormass-train ...`: checks before Hydra writes anything, then the run."""
+    from anchormass.cli_help import exit_with_help
     from anchormass.training.logged_process import follow_parent
 
+    exit_with_help(sys.argv[1:], "train.py", __doc__, ["experiment", "model", "stage", "data", "trainer", "logger",
+                                                       "callbacks"], "train",
+                   {"hydra/sweeper": ["basic", "optuna_optim"],
+                    "hydra/launcher": ["basic", "slurm", "submitit_local", "submitit_slurm"]})
+
     follow_parent()  # a curriculum's stage ends with its runner
+    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     launched = through_launcher(sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "train", launched, check=check_train_numbers)
+    check_overrides(CONFIG_ROOT, "train", launched, check=check_train_launch)
     check_run_dir(sys.argv[1:])
     if launched != sys.argv[1:]:
         check_launcher_rerun(sys.argv[1:])

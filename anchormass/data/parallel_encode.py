@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -24,6 +26,7 @@ import numpy as np
 from anchormass.data.cleaners import get_cleaners
 from anchormass.data.sources import SourcePart, documents_of
 from anchormass.data.tokenizer import Tokenizer
+from anchormass.parent_death import end_with_parent
 
 BLOCK_CHARS = 1 << 20  # ~1.5 s of SentencePiece work on Japanese text: coarse enough to hide the IPC
 BLOCK_DOCS = 256       # default data.block_docs
@@ -72,7 +75,11 @@ def block_owner(part_index: int, block: int, num_shards: int) -> int:
 _WORKER: dict = {}  # per process: the tokenizer, loaded once by _init
 
 
-def _init(model_bytes: bytes) -> None:
+def _init(model_bytes: bytes, parent_pid: int) -> None:
+    # A worker ends with prepare_data.py, however that ends (SIGKILL included): otherwise it is
+    # re-parented and lives on, and with it the resource tracker that waits for every worker.
+    # SIGKILL: a worker holds nothing to save.
+    end_with_parent(parent_pid, signal.SIGKILL)
     _WORKER["tok"] = Tokenizer(model_bytes)
 
 
@@ -105,7 +112,7 @@ class BlockEncoder:
             # concurrent.futures, not multiprocessing.Pool: a worker that dies (OOM killer, a crash)
             # is a BrokenProcessPool error here instead of a hang
             self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init, initargs=(model_bytes,))
+                                             initializer=_init, initargs=(model_bytes, os.getpid()))
         else:
             _WORKER["tok"] = tokenizer
 

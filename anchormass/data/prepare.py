@@ -40,7 +40,7 @@ from anchormass.data.tokenizer import Tokenizer, train_tokenizer
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
 from anchormass.path_checks import check_data_out_dir, check_folder_name
-from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask, resolve_path
+from anchormass.utils import atomic_write_bytes, atomic_write_json, current_umask, resolve_path, writable_dir
 
 
 def _tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
@@ -205,7 +205,7 @@ def build_folder(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Pa
     # The folder is replaced wholesale at the end: never a file, nor a folder that is not a dataset.
     if out.exists() and not (out.is_dir() and ((out / "meta.json").is_file() or not any(out.iterdir()))):
         raise ConfigError(f"out_dir {out} exists and is not a prepared dataset folder; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(out.parent, f"data.out_dir={out}: its folder")
     with DirLock(out.parent / f".{out.name}.lock", what=f"dataset folder {out}"):
         return _build_locked(out, build)
 

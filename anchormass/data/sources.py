@@ -5,7 +5,9 @@ them (read in order, each with an optional own `cleaners`):
 
     kind: files          # files | hub | demo | demo_chat (generated corpora: `params` for the generator)
     paths: [a.txt]       # files: paths or globs (relative to the repo root or absolute)
-    format: null         # files: text | json | parquet; null = from the extension (.txt .jsonl .json .parquet)
+    format: null         # files: text | json | parquet; null = from the files (.txt .jsonl .json .parquet and
+                         # the content, which must agree; corpus_files.py). A set format the files contradict is refused
+    encoding: utf-8      # files, text / json: the files' encoding (shift_jis, cp932, euc_jp, ...)
     json_field: null     # json: the top-level key holding the records (e.g. "data" in SQuAD files)
     text_field: text     # column; a dotted path descends into nested records, lists are flattened
                          # ("paragraphs.context": every paragraph's context is one document)
@@ -22,14 +24,13 @@ import glob
 import itertools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from anchormass.data.cleaners import clean, get_cleaners
+from anchormass.data.corpus_files import files_format, raise_decode_problem
 from anchormass.errors import ConfigError, DataError
 from anchormass.utils import REPO_ROOT, resolve_path
 
-_EXT_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _SAMPLE_BY = {"document": "document", "paragraph": "paragraph", "line": "line"}
 
 
@@ -42,17 +43,6 @@ def _expand(paths: Iterable[str]) -> list[str]:
             raise DataError(f"corpus file not found: {pattern}")
         out.extend(hits)
     return out
-
-
-def _format_of(paths: list[str], fmt: str | None) -> str:
-    if fmt:
-        if fmt not in ("text", "json", "parquet"):
-            raise ConfigError(f"source.format must be text, json or parquet, got {fmt!r}")
-        return fmt
-    kinds = {_EXT_FORMAT.get(Path(p).suffix.lower()) for p in paths}
-    if None in kinds or len(kinds) != 1:
-        raise ConfigError(f"cannot tell the format of {paths} from their extensions; set source.format")
-    return kinds.pop()
 
 
 def _walk(record: Any, parts: list[str], field: str) -> Iterator[str]:
@@ -74,16 +64,34 @@ def _walk(record: Any, parts: list[str], field: str) -> Iterator[str]:
     yield from _walk(record[parts[0]], parts[1:], field)
 
 
+_SENTENCE_ENDS = "。．！？!?.\u3000 "
+
+
+def _cut_line(line: str, max_chars: int) -> Iterator[str]:
+    """A line longer than max_chars, in pieces of at most max_chars: each cut after the last
+    sentence end or space of its window, or at max_chars where the window's second half has none
+    (a corpus without line breaks is still many documents, not one)."""
+    while len(line) > max_chars:
+        window = line[:max_chars]
+        cut = max(window.rfind(c) for c in _SENTENCE_ENDS) + 1
+        if cut <= max_chars // 2:
+            cut = max_chars
+        yield line[:cut]
+        line = line[cut:]
+    yield line
+
+
 def _chunk(doc: str, max_chars: int) -> Iterator[str]:
-    """Cut at line ends into pieces of about max_chars (a line longer than that stays whole)."""
+    """Cut at line ends into pieces of about max_chars; a longer line is cut inside (_cut_line)."""
     piece: list[str] = []
     size = 0
-    for line in doc.split("\n"):
-        if piece and size + len(line) > max_chars:
-            yield "\n".join(piece).strip()
-            piece, size = [], 0
-        piece.append(line)
-        size += len(line) + 1
+    for whole_line in doc.split("\n"):
+        for line in _cut_line(whole_line, max_chars):
+            if piece and size + len(line) > max_chars:
+                yield "\n".join(piece).strip()
+                piece, size = [], 0
+            piece.append(line)
+            size += len(line) + 1
     if piece and "\n".join(piece).strip():
         yield "\n".join(piece).strip()
 
@@ -99,8 +107,10 @@ def _load(src: Mapping[str, Any]):
             paths = _expand(src.get("paths") or [])
             if not paths:
                 raise ConfigError("source.paths is empty")
-            fmt = _format_of(paths, src.get("format"))
+            fmt = files_format(paths, src.get("format"))
             kwargs: dict[str, Any] = {}
+            if fmt != "parquet":
+                kwargs["encoding"] = str(src.get("encoding") or "utf-8")
             if fmt == "text":
                 mode = src.get("txt_mode", "document")
                 if mode not in _SAMPLE_BY:
@@ -124,6 +134,8 @@ def _load(src: Mapping[str, Any]):
     except (ConfigError, DataError):
         raise
     except Exception as err:  # datasets raises many types (FileNotFoundError, ConnectionError, ArrowInvalid, ...)
+        if kind == "files":  # undecodable bytes: the file, the offset and the option to set
+            raise_decode_problem(err, paths, str(src.get("encoding") or "utf-8"))
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DataError(f"cannot read corpus ({type(err).__name__}): {msg[:300]}") from err
     raise ConfigError(f"source.kind must be files, hub or demo, got {kind!r}")

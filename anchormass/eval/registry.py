@@ -8,21 +8,7 @@ import importlib
 
 from anchormass.errors import ConfigError
 from anchormass.eval.suite import Suite
-
-# name -> "module:Class"
-SUITES: dict[str, str] = {
-    "profile": "anchormass.eval.suites.profile:ProfileSuite",
-    "ppl": "anchormass.eval.suites.ppl:PplSuite",
-    "passkey": "anchormass.eval.suites.passkey:PasskeySuite",
-    "policies": "anchormass.eval.suites.policies:PoliciesSuite",
-    "jcqa": "anchormass.eval.suites.jcqa:JcqaSuite",
-    "hitrate": "anchormass.eval.suites.hitrate:HitRateSuite",
-    "baselines": "anchormass.eval.suites.baselines:BaselinesSuite",
-    "lm_eval": "anchormass.eval.suites.lm_eval:LmEvalSuite",
-    "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
-    "mqar": "anchormass.eval.suites.mqar:MqarSuite",
-    "retrofit": "anchormass.eval.suites.retrofit:RetrofitSuite",
-}
+from anchormass.eval.suite_names import SUITES
 
 
 def suite_class(name: str) -> type[Suite]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
@@ -45,12 +46,20 @@ def suite_list(cfg: dict) -> tuple[list[str], bool]:
     return names, False
 
 
-def _out_dir(cfg: dict, names: list[str]) -> Path:
+def _out_path(cfg: dict, names: list[str]) -> Path:
     if cfg.get("out_dir"):
-        out = Path(str(cfg["out_dir"])).expanduser()
-    else:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / "eval" / f"{stamp}-{'+'.join(names) if len(names) < 3 else 'all'}"
+        return Path(str(cfg["out_dir"])).expanduser()
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / "eval" / f"{stamp}-{'+'.join(names) if len(names) < 3 else 'all'}"
+
+
+def claim_out_dir(out: Path) -> DirLock:
+    """The out_dir belongs to one evaluation at a time (its staging folder too): a second one is
+    refused in one line naming the first, before any model is loaded."""
+    return DirLock(out.parent / f".{out.name}.lock", what=f"evaluation out_dir {out}").acquire()
+
+
+def _check_out_dir(cfg: dict, out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir {out} exists and is not a folder")
     if out.exists() and any(out.iterdir()) and not cfg.get("overwrite", False):
@@ -195,6 +204,14 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     cfg = _plain_config(cfg)
     git = git_state()  # the code as it is loaded now, not as the tree is when a long run ends
     names, is_all = suite_list(cfg)
+    out_dir = _out_path(cfg, names)
+    with claim_out_dir(out_dir):  # checked before models load: a refusal costs no loading time
+        _check_out_dir(cfg, out_dir)
+        return _evaluate(cfg, names, is_all, git, out_dir, models, tokenizer)
+
+
+def _evaluate(cfg: dict, names: list[str], is_all: bool, git: Any, out_dir: Path, models: list[EvalModel] | None,
+              tokenizer: Any) -> Path:
     device = resolve_device(cfg.get("device"))
     if models is None:
         models = load_models(cfg, device, resolve_dtype(cfg.get("dtype")))
@@ -214,7 +231,6 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
                       progress=bool(cfg.get("progress", True)), data=data, record_data=record_data,
                       data_dir=_data_dir(cfg, tok_path))
     runnable = _checked(suites, ctx, is_all, skipped)
-    out_dir = _out_dir(cfg, names)
 
     def write(staging: Path) -> None:
         results, sections = _run_suites(runnable, ctx, staging)

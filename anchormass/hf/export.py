@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.utils import writable_dir
 
 FORMATS = ("auto", "llama", "anchormass")
 # Weight files in pickle formats (transformers' pytorch_model.bin, torch .pt/.pth/.ckpt, raw pickles).
@@ -74,6 +75,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
         raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
     out = Path(out).expanduser()
     _check_out(out)
+    writable_dir(out.parent, f"out={out}: its folder")  # before the checkpoint is loaded
     model, hparams, tok = load_source(ckpt, tokenizer)
     arch = model.cfg.arch
     if format == "llama" and arch != "standard":

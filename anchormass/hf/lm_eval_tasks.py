@@ -70,14 +70,63 @@ def write_include_dir(out_dir: str | Path, jglue_dir: str | Path) -> Path:
     return out
 
 
+# The harness's own context limit when a model states none; what suite=lm_eval gives our model.
+HARNESS_MAX_LENGTH = 2048
+
+
+def harness_model_args(export_dir: str | Path) -> tuple[str, str | None]:
+    """`--model_args` for an exported folder, and why the folder needs more than `pretrained=`.
+
+    AnchorMass: its code lives in this package (`trust_remote_code=True`). Llama: the harness
+    takes `max_position_embeddings` (the trained length, e.g. 256) as its context limit and cuts
+    each 3-shot prompt from the left to fit; `max_length` at the harness's default, past the
+    trained length, scores the whole prompt as suite=lm_eval does (README, "Use with Hugging Face")."""
+    import json
+
+    folder = Path(export_dir).expanduser().resolve()
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise DataError(f"{folder} is not an exported model folder (no readable config.json); "
+                        f"export one with scripts/export_hf.py") from None
+    if config.get("model_type") == "llama":
+        trained = int(config.get("max_position_embeddings") or 0)
+        length = max(HARNESS_MAX_LENGTH, trained)
+        why = (f"max_length={length}: the folder's max_position_embeddings ({trained}, the trained length) would "
+               f"make the harness cut each prompt to it; past it the Llama folder's plain RoPE is not our dynamic "
+               f"NTK, so scores there differ from the checkpoint's (README)")
+        return f"pretrained={folder},max_length={length}", why
+    if config.get("auto_map"):
+        return f"pretrained={folder},trust_remote_code=True", "trust_remote_code=True: the model's code is this package"
+    return f"pretrained={folder}", None
+
+
+def harness_command(include_dir: str | Path, export_dir: str | Path) -> tuple[list[str], str | None]:
+    """The lm_eval command line (as a list) that runs jcqa_local on `export_dir`, and its note."""
+    model_args, why = harness_model_args(export_dir)
+    return (["lm_eval", "--model", "hf", "--model_args", model_args, "--include_path",
+             str(Path(include_dir).resolve()), "--tasks", "jcqa_local", "--batch_size", "1"], why)
+
+
 @exit_on_error
 def main(argv: list[str]) -> None:
-    """python -m anchormass.hf.lm_eval_tasks <JGLUE JCommonsenseQA folder> <include folder>"""
-    if len(argv) != 2:
+    """python -m anchormass.hf.lm_eval_tasks <JGLUE JCommonsenseQA folder> <include folder> <exported folder>
+
+    Writes the include folder and prints the harness command for the exported folder, ready to
+    run (paths quoted for the shell); the note on its model arguments goes to stderr."""
+    import shlex
+    import sys
+
+    if len(argv) != 3:
         raise ConfigError("usage: python -m anchormass.hf.lm_eval_tasks <folder with valid-v1.3.json and "
-                          "train-v1.3.json> <include folder to write>")
+                          "train-v1.3.json> <include folder to write> <exported model folder>")
+    harness_model_args(argv[2])  # an unreadable export is refused before anything is written
     out = write_include_dir(argv[1], argv[0])
-    print(f"lm_eval --include_path {out} --tasks jcqa_local --model hf --model_args pretrained=<exported folder>")
+    command, why = harness_command(out, argv[2])
+    if why:
+        print(f"note: {why}", file=sys.stderr)
+    # batch_size 1: the harness pads a batch without a mask (README, "Use with Hugging Face")
+    print(shlex.join(command))
 
 
 def task_specs(names: list[str], jglue_dir: str | Path | None) -> list:

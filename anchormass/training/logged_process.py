@@ -7,22 +7,20 @@ runner can wait for them to save and exit instead of leaving them orphaned.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from anchormass.parent_death import end_with_parent
 from anchormass.utils import REPO_ROOT
 
 # The runner's pid, in each child's environment: the child asks the kernel for a SIGTERM when the
 # runner dies (follow_parent), since its own process group keeps a kill of the runner's group from it.
 PARENT_PID_ENV = "ANCHORMASS_RUNNER_PID"
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 _running: set[subprocess.Popen] = set()
 # (signal the runner received, signal its children get), once a stop is requested
@@ -92,11 +90,5 @@ def follow_parent() -> None:
     The runner waits for each child in the thread that started it, so that thread (whose end is
     what the kernel watches) lives as long as the child. A no-op outside run_logged or off Linux."""
     parent = os.environ.pop(PARENT_PID_ENV, None)  # not inherited further: a DDP rank's parent is its rank 0
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(parent):  # the runner died before the request above took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if parent:
+        end_with_parent(int(parent), signal.SIGTERM)

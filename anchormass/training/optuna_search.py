@@ -1,11 +1,15 @@
 """The Optuna sweeper (hydra_plugins/anchormass_sweeper/) as `train.py -m hydra/sweeper=optuna_optim` uses it.
 
 Hydra's Optuna plugin, with what a research sweep needs on top:
-- A rerun of the same command continues the sweep: each earlier trial folder (its
-  .hydra/overrides.yaml and train_result.json) is told to the new study as a completed or failed
-  trial, so the sampler learns from it, it counts towards `n_trials`, and new trials get new folder
-  numbers (no folder is reused). A note line says how to start over instead. This needs no
-  database: Optuna's RDB storage does not run with the pinned optuna 2.10 and SQLAlchemy 2.
+- The study lives in the sweep folder (optuna_study.jsonl, training/optuna_journal.py), so a rerun
+  of the same command continues it: the sampler sees every earlier trial, they count towards
+  `n_trials`, new trials get new folder numbers and, with the sampler reseeded by the number of
+  earlier trials, new parameters. A note line says how to start over instead.
+- A trial the stopped sweep left running resumes from its last checkpoint before new trials start;
+  one that cannot is recorded as failed. Only a trial that trained all its steps has an objective
+  (train.py returns None otherwise), so optimization_results.yaml ranks only finished trials.
+- A sweep folder from before the journal is read from its trial folders (.hydra/overrides.yaml
+  and train_result.json), each told to the study as completed (it trained all its steps) or failed.
 - A sweep in which no trial completed ends with one line naming the folders to look at, not the
   plugin's `ValueError: No trials are completed yet`. (Failed trials are recorded as failed and the
   search goes on: `max_failure_rate: 1.0` in the config.)
@@ -13,6 +17,7 @@ Hydra's Optuna plugin, with what a research sweep needs on top:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -28,10 +33,12 @@ def trial_folders(sweep_dir: Path) -> list[Path]:
 
 
 def objective_of(folder: Path) -> float | None:
-    """The trial's last validation loss (train.py's return value), or None if it has none."""
+    """The trial's last validation loss (train.py's return value), or None if it has none or
+    did not train all its steps (an interrupted trial's loss is a mid-run value)."""
     try:
-        value = json.loads((folder / "train_result.json").read_text())["metrics"].get("val/loss")
-    except (OSError, ValueError, KeyError, TypeError):
+        result = json.loads((folder / "train_result.json").read_text())
+        value = result["metrics"].get("val/loss") if result.get("completed") is True else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return float(value) if value is not None and math.isfinite(float(value)) else None
 
@@ -40,8 +47,8 @@ def params_of(folder: Path, distributions: dict) -> dict | None:
     """The searched values this trial ran with, typed as the search space has them (None when its
     overrides are missing or fall outside today's search space)."""
     try:
-        overrides = dict(o.split("=", 1) for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
+        overrides = dict(o.split("=", 1) for o in trial_overrides(folder) or [])
+    except ValueError:
         return None
     params = {}
     for name, dist in distributions.items():
@@ -58,52 +65,138 @@ def params_of(folder: Path, distributions: dict) -> dict | None:
     return params
 
 
-def earlier_study(impl: Any, arguments: list[str], folders: list[Path]):
-    """An in-memory study holding `folders` as finished trials; (storage, trials told)."""
+JOURNAL = "optuna_study.jsonl"
+
+
+def legacy_trials(study: Any, impl: Any, arguments: list[str], folders: list[Path]) -> int:
+    """Tell an empty study the trial folders a sweep from before the journal left (one trial per
+    folder, in order, so trial numbers stay folder numbers); returns how many were completed."""
     import optuna
     from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 
     impl._process_searchspace_config()
     distributions, fixed = create_params_from_overrides([*impl._parse_sweeper_params_config(), *arguments])
     distributions = {k: v for k, v in distributions.items() if k not in fixed}
-    storage = optuna.storages.InMemoryStorage()
-    told = 0
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the plugin announces the study itself
+    completed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # add_trial: stable since 2.0
+        for folder in folders:
+            params = params_of(folder, distributions)
+            value = objective_of(folder)
+            state = optuna.trial.TrialState.COMPLETE if value is not None and params else optuna.trial.TrialState.FAIL
+            study.add_trial(optuna.trial.create_trial(
+                params=params or {}, distributions=distributions if params else {}, state=state,
+                value=value if state == optuna.trial.TrialState.COMPLETE else None,
+                user_attrs={"folder": folder.name}))
+            completed += state == optuna.trial.TrialState.COMPLETE
+    return completed
+
+
+def reseed(sampler: Any, seed: int) -> None:
+    """Give `sampler` (and the samplers inside it, e.g. TPE's random start-up sampler) a new
+    seed: a continued study must not draw its start-up points from the seed's beginning again,
+    which repeats the earlier trials' parameters exactly."""
+    import numpy as np
+    import optuna
+
+    for name, value in vars(sampler).items():
+        if isinstance(value, np.random.RandomState):
+            value.seed(seed)
+        elif isinstance(value, optuna.samplers.BaseSampler):
+            reseed(value, seed)
+
+
+def resume_interrupted(impl: Any, study: Any, sweep_dir: Path) -> None:
+    """Trials left running by a sweep that was stopped (Ctrl-C, SIGTERM, a kill): each continues
+    from its folder's last checkpoint, with its own overrides, and is told its result; one that
+    cannot (no checkpoint, or it fails) is recorded as failed, so it is never ranked."""
+    import optuna
+
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        folder = sweep_dir / str(trial.user_attrs.get("folder", trial.number))
+        overrides = trial_overrides(folder)
+        value = None
+        if overrides is not None and (folder / "checkpoints" / "last.ckpt").is_file():
+            print(f"note: trial {trial.number} was interrupted; resuming it from {folder}/checkpoints/last.ckpt",
+                  file=sys.stderr)
+            overrides = [o for o in overrides if not o.startswith("ckpt_path=")] + ["ckpt_path=last"]
+            ret = impl.launcher.launch([overrides], initial_job_idx=int(folder.name))[0]
+            try:
+                value = float(ret.return_value)
+            except Exception:  # a failed resume: the trial fails, the search goes on
+                value = None
+        if value is None or not math.isfinite(value) or objective_of(folder) is None:
+            print(f"note: trial {trial.number} ({folder}) did not finish; recorded as failed", file=sys.stderr)
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial.number, values=[value])
+
+
+def name_trial_folders(impl: Any) -> None:
+    """Record each new trial's folder in the study (as the trial's `folder` attribute), so that a
+    later rerun finds the folder of a trial it has to resume."""
+    configure = impl._configure_trials
+
+    def configure_and_name(trials, *args):
+        for i, trial in enumerate(trials):
+            trial.set_user_attr("folder", str(impl.job_idx + i))
+        return configure(trials, *args)
+
+    impl._configure_trials = configure_and_name
+
+
+def trial_overrides(folder: Path) -> list[str] | None:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # add_trial: stable since 2.0
-            study = optuna.create_study(study_name=impl.study_name, storage=storage,
-                                        directions=impl._get_directions())
-            for folder in folders:
-                params = params_of(folder, distributions)
-                if params is None:
-                    continue
-                value = objective_of(folder)
-                state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
-                study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, state=state,
-                                                          value=value))
-                told += 1
+        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return overrides if isinstance(overrides, list) else None
+
+
+@contextlib.contextmanager
+def quiet_optuna():
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
     finally:
         optuna.logging.set_verbosity(verbosity)
-    return storage, told
 
 
-def sweep(impl: Any, sweep_dir: Path, arguments: list[str], run_sweep: Callable[[], None]) -> None:
-    """`run_sweep()` (the plugin's sweep) for `impl` (its OptunaSweeperImpl), continuing the trials
-    already in `sweep_dir` and ending in one line when no trial completed."""
+def sweep(impl: Any, sweep_dir: Path, arguments: list[str], run_sweep: Callable[[], None], seed: int | None) -> None:
+    """`run_sweep()` (the plugin's sweep) for `impl` (its OptunaSweeperImpl), on the study kept in
+    `sweep_dir`/optuna_study.jsonl: a rerun continues it (the sampler sees every earlier trial,
+    interrupted trials resume first, new trials get new folders and new parameters), and a sweep
+    in which no trial completed ends in one line."""
+    import optuna
+
+    from anchormass.training.optuna_journal import JournalStorage
+
     folders = trial_folders(sweep_dir)
-    if folders:
-        impl.job_idx = max(impl.job_idx, int(folders[-1].name) + 1)  # trial folders are never reused
-        impl.n_trials = max(0, impl.n_trials - len(folders))
-        told = 0
-        if impl.storage is None:  # a user's own storage holds its own history
-            impl.storage, told = earlier_study(impl, arguments, folders)
-        print(f"note: continuing the sweep in {sweep_dir}: {len(folders)} earlier trials ({told} told to Optuna), "
+    if impl.storage is None:  # a user's own storage (a database URL) holds its own history
+        impl.storage = JournalStorage(sweep_dir / JOURNAL)
+    with quiet_optuna():  # the plugin announces the study itself
+        study = optuna.create_study(study_name=impl.study_name, storage=impl.storage, sampler=impl.sampler,
+                                    directions=impl._get_directions(), load_if_exists=True)
+    if folders and not study.trials:
+        legacy_trials(study, impl, arguments, folders)
+    name_trial_folders(impl)
+    earlier = len(study.trials)
+    if earlier:
+        impl.job_idx = max([impl.job_idx, earlier, *(int(f.name) + 1 for f in folders)])  # folders never reused
+        impl.n_trials = max(0, impl.n_trials - earlier)
+        if seed is not None:
+            reseed(impl.sampler, int(seed) + earlier)
+        completed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        print(f"note: continuing the sweep in {sweep_dir}: {earlier} earlier trials ({completed} completed), "
               f"{impl.n_trials} to go; to start over, delete {sweep_dir} or use another hydra.sweep.dir",
               file=sys.stderr)
+        resume_interrupted(impl, study, sweep_dir)
     try:
-        run_sweep()
+        with quiet_optuna():  # the plugin loads the study made here: no "Using an existing study" line
+            run_sweep()
     except ValueError as err:
         if "No trials are completed yet" not in str(err):
             raise

@@ -44,7 +44,7 @@ from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_proce
 from anchormass.training.run_record import log_run_record, run_record
 from anchormass.training.safe_load import safe_torch_load
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text
+from anchormass.utils import atomic_write_json, atomic_write_text, writable_dir
 
 RESULT_FILE = "train_result.json"
 
@@ -61,15 +61,7 @@ def build(node: Any) -> Any:
 
 def check_output_dir(path: str | os.PathLike) -> Path:
     """Create the run folder and prove it is writable now, not after an hour of training."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_probe-{os.getpid()}"  # per process: two launches may probe at once
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
-    return path
+    return writable_dir(path, "output folder")
 
 
 def data_metadata(data_dir: str | os.PathLike) -> dict:

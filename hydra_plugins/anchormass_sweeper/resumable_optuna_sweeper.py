@@ -11,8 +11,10 @@ class ResumableOptunaSweeper(OptunaSweeper):
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.seed = config.hydra.sweeper.get("sampler", {}).get("seed")
 
     def sweep(self, arguments: list[str]) -> None:
         from anchormass.training.optuna_search import sweep
 
-        sweep(self.sweeper, self.sweep_dir, arguments, lambda: super(ResumableOptunaSweeper, self).sweep(arguments))
+        sweep(self.sweeper, self.sweep_dir, arguments, lambda: super(ResumableOptunaSweeper, self).sweep(arguments),
+              self.seed)

@@ -1,0 +1,102 @@
+"""What a corpus file is before `datasets` reads it: its format (from the extension and the first
+bytes, which must agree with each other and with `data.source.format` when that is set) and, when
+reading fails, the first byte that does not decode (file, offset, what to set).
+
+Without these, a `.jsonl` file read as text trained the tokenizer and the model on `{"text": ...`
+and exited 0, and a Shift-JIS file failed as `cannot read corpus (DatasetGenerationError)`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
+
+from anchormass.errors import ConfigError, DataError
+
+FORMATS = ("text", "json", "parquet")
+EXTENSION_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_SNIFF_BYTES = 1 << 16
+
+
+def content_format(path: str) -> str:
+    """parquet (its magic bytes), json (an object or array: a first line that parses, or that
+    opens a longer document), else text."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if not text.startswith(("{", "[")):
+        return "text"
+    first, newline, _ = text.partition("\n")
+    first = first.strip()
+    if not newline and len(head) == _SNIFF_BYTES or first.endswith(("{", "[", ",", ":")):
+        return "json"  # one long JSON document, or a pretty-printed one
+    try:
+        return "json" if isinstance(json.loads(first), (dict, list)) else "text"
+    except ValueError:
+        return "text"
+
+
+def files_format(paths: list[str], fmt: str | None) -> str:
+    """The one format of `paths`; `fmt` (data.source.format) if set, which the files must not
+    contradict. A disagreement is one ConfigError naming the file and the setting to change."""
+    if fmt and fmt not in FORMATS:
+        raise ConfigError(f"data.source.format must be text, json or parquet, got {fmt!r}")
+    found: dict[str, str] = {}
+    for path in paths:
+        by_name = EXTENSION_FORMAT.get(Path(path).suffix.lower())
+        by_content = content_format(path)
+        if by_name and by_content != by_name and not (by_name == fmt == "text"):  # text: the user's word
+            raise DataError(f"{path} is named as {by_name} but its content is {by_content}; "
+                            f"rename it or fix its content")
+        own = by_name or by_content
+        if fmt and own != fmt:
+            raise ConfigError(f"{path} is {own} but data.source.format={fmt}; set data.source.format={own} "
+                              f"(or null: the format follows the files)")
+        found[path] = own
+    kinds = set(found.values())
+    if len(kinds) != 1:
+        listing = ", ".join(f"{Path(p).name}: {k}" for p, k in found.items())
+        raise ConfigError(f"the corpus files mix formats ({listing}); give one format per source")
+    return kinds.pop()
+
+
+def decode_problem(paths: list[str], encoding: str) -> str | None:
+    """Where the first byte of `paths` that `encoding` cannot decode is, as a one-line message
+    naming the file, the byte offset and the option to set; None if every file decodes."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        return f"unknown data.source.encoding {encoding!r} (e.g. utf-8, shift_jis, cp932, euc_jp)"
+    for path in paths:
+        decoder = codecs.getincrementaldecoder(encoding)()
+        offset = 0  # of the block read next
+        with open(path, "rb") as f:
+            while True:
+                pending = decoder.getstate()[0]  # bytes of a character the last block cut in two
+                block = f.read(1 << 20)
+                try:
+                    decoder.decode(block, final=not block)
+                except UnicodeDecodeError as err:
+                    where = offset - len(pending) + err.start
+                    bad = bytes(err.object[err.start:err.start + 4]).hex(" ")
+                    return (f"{path}: byte offset {max(where, 0)} (bytes {bad}) is not valid {encoding}; "
+                            f"set data.source.encoding to the file's encoding (e.g. data.source.encoding=shift_jis)")
+                if not block:
+                    break
+                offset += len(block)
+    return None
+
+
+def raise_decode_problem(err: BaseException, paths: list[str], encoding: str) -> None:
+    """If `err` (from `datasets`) comes from undecodable bytes, raise the DataError that says where."""
+    seen = err
+    while seen is not None and not isinstance(seen, (UnicodeDecodeError, LookupError)):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return
+    problem = decode_problem(paths, encoding)
+    if problem:
+        raise DataError(problem) from None
