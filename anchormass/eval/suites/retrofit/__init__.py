@@ -3,8 +3,8 @@
 Every cell of the study is a trained run folder (`cells`: {label, run, shape, tags}; `run` is
 `<model>/<stage>` beside model A's run folder, i.e. in the same seed's folder; `tags`: `frontier`
 puts the cell on the recall-against-bytes line of its shape, `g8` on the recall-against-heads plot).
-A cell whose run is not there (not trained under this seed) is left out and listed. Each is scored on
-the same passkey trials (identical items for every cell; greedy decoding through the inference
+A cell whose run has not finished (not trained under this seed, or still training) is left out and
+listed. Each is scored on the same passkey trials (identical items for every cell; greedy decoding through the inference
 cache), and per cell the suite also measures the stored KV bytes of one sequence at `bytes_length`
 tokens, what stage 1 kept of the key's digits in one parallel forward (anchormass/eval/suites/retrofit/slot_probe.py),
 and the answer-token validation loss against steps over the cell's chain of stages (its CSV logs).
@@ -21,7 +21,7 @@ from pathlib import Path
 from anchormass.errors import ConfigError
 from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.eval.suites.retrofit.cells import cell_info, learning_curve, slot_diagnostics, stored_bytes
+from anchormass.eval.suites.retrofit.cells import cell_info, finished, learning_curve, slot_diagnostics, stored_bytes
 
 
 class RetrofitSuite(Suite):
@@ -46,7 +46,7 @@ class RetrofitSuite(Suite):
         if not source.is_file():
             raise ConfigError("retrofit: model A must be loaded from a run's checkpoint (ckpt=)")
         self.root = source.parents[3]  # <seed folder>/<model>/<stage>/checkpoints/last.ckpt
-        self.cells = [c for c in cells if (self.root / c["run"] / "checkpoints" / "last.ckpt").is_file()]
+        self.cells = [c for c in cells if finished(self.root / c["run"])]
         self.left_out = [c["label"] for c in cells if c not in self.cells]
         self.hay = build_haystack(self, ctx)
         self.trials = trial_grid(self.lengths, self.depths, self.seeds)
