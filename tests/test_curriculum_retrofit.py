@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.recipe import load_recipe
 from anchormass.errors import ConfigError
-from anchormass.eval.suites.retrofit.cells import chain_folders, finished, learning_curve
+from anchormass.eval.suites.retrofit.cells import chain_folders, learning_curve
 from anchormass.eval.suites.retrofit.pool import pool_seeds
+from anchormass.training.run import finished_run
 
 from _train_helpers import REPO, subprocess_env
 from test_train_curriculum import load_curriculum, planned_runs
@@ -108,9 +109,9 @@ def test_learning_curve_follows_the_chain_within_its_model(tmp_path):
         ("a", 2, 2.0), ("a", 4, 1.5), ("b", 10, 1.0)]
     (b / "checkpoints").mkdir()
     (b / "checkpoints" / "last.ckpt").write_bytes(b"x")  # a stage still training has one too
-    assert not finished(b)
+    assert not finished_run(b)
     (b / "train_result.json").write_text(json.dumps({"completed": True, "global_step": 6, "total_steps": 6}))
-    assert finished(b)
+    assert finished_run(b)
 
 
 def _result(labels, exact_by_label, shape="s", n=5):

@@ -73,9 +73,9 @@ def changed_runs(runs: list[StageRun]) -> list[tuple[StageRun, list[str]]]:
 def downstream(runs: list[StageRun], roots: list[StageRun]) -> list[StageRun]:
     """`roots` and every run that starts, directly or not, from one of them, in plan order."""
     hit = {id(r) for r in roots}
+    by_ckpt = {r.last_ckpt: r for r in runs if r.shared_from is None}
     for run in runs:  # the plan lists a run after the run it starts from
-        parent = run.after or next((r for r in runs if run.init_from is not None and r.last_ckpt == run.init_from),
-                                   None)
+        parent = by_ckpt.get(run.init_from) if run.init_from is not None else None
         if parent is not None and id(parent) in hit or run.shared_from is not None and id(run.shared_from) in hit:
             hit.add(id(run))
     return [r for r in runs if id(r) in hit]

@@ -26,7 +26,7 @@ from anchormass.dir_lock import DirLock
 from anchormass.training.logged_process import request_stop, run_logged, stop_requested
 from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
 from anchormass.training.progress import PROGRESS_FILE
-from anchormass.training.run import RESULT_FILE
+from anchormass.training.run import RESULT_FILE, finished_run
 from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import atomic_write_json
 
@@ -67,11 +67,8 @@ class StageRun:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def is_done(self) -> bool:
-        """Its train_result.json says it completed its total steps (a run stopped on a signal
-        writes completed: false), and its last checkpoint is there for the next stage."""
-        res = self.result() or {}
-        return (res.get("completed") is True and res.get("global_step") == res.get("total_steps")
-                and self.last_ckpt.is_file())
+        """It trained its total steps and its last checkpoint is there for the next stage."""
+        return finished_run(self.out_dir)
 
 
 @contextmanager

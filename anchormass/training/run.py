@@ -11,6 +11,7 @@ run it resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -47,6 +48,16 @@ from anchormass.training.slurm_requeue import requeue_resume
 from anchormass.utils import atomic_write_json, atomic_write_text, writable_dir
 
 RESULT_FILE = "train_result.json"
+
+
+def finished_run(folder: Path) -> bool:
+    """The run in `folder` trained all its steps (its train_result.json records completed: true at
+    its total steps; a run stopped on a signal writes completed: false) and left its last checkpoint.
+    A run still training has a periodic last.ckpt too, so the checkpoint alone says nothing."""
+    path = Path(folder) / RESULT_FILE
+    res = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return (res.get("completed") is True and res.get("global_step") == res.get("total_steps")
+            and (Path(folder) / "checkpoints" / "last.ckpt").is_file())
 
 
 def build(node: Any) -> Any:

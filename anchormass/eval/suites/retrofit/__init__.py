@@ -21,7 +21,8 @@ from pathlib import Path
 from anchormass.errors import ConfigError
 from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.eval.suites.retrofit.cells import cell_info, finished, learning_curve, slot_diagnostics, stored_bytes
+from anchormass.eval.suites.retrofit.cells import cell_info, learning_curve, slot_diagnostics, stored_bytes
+from anchormass.training.run import finished_run
 
 
 class RetrofitSuite(Suite):
@@ -46,7 +47,7 @@ class RetrofitSuite(Suite):
         if not source.is_file():
             raise ConfigError("retrofit: model A must be loaded from a run's checkpoint (ckpt=)")
         self.root = source.parents[3]  # <seed folder>/<model>/<stage>/checkpoints/last.ckpt
-        self.cells = [c for c in cells if finished(self.root / c["run"])]
+        self.cells = [c for c in cells if finished_run(self.root / c["run"])]
         self.left_out = [c["label"] for c in cells if c not in self.cells]
         self.hay = build_haystack(self, ctx)
         self.trials = trial_grid(self.lengths, self.depths, self.seeds)

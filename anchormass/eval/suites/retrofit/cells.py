@@ -71,15 +71,6 @@ def slot_diagnostics(model, hay, trials, tokenizer) -> list[dict]:
              "n_trials": len(trials)} for r in per_layer]
 
 
-def finished(run: Path) -> bool:
-    """The run trained all its steps (its train_result.json says so) and left its last checkpoint: a
-    stage still training has a periodic last.ckpt too, which is not the cell."""
-    result = run / "train_result.json"
-    res = json.loads(result.read_text(encoding="utf-8")) if result.is_file() else {}
-    return (res.get("completed") is True and res.get("global_step") == res.get("total_steps")
-            and (run / "checkpoints" / "last.ckpt").is_file())
-
-
 def chain_folders(run: Path) -> list[Path]:
     """The run folders of one model's chain, first to last: each stage's stage_args.json names the
     checkpoint it started from (anchormass/curriculum/execute.py); the chain stays in the model's folder."""
