@@ -28,21 +28,21 @@ FIELDS = ("step", "train_loss", "loss", "hits", "n", "accuracy", "chance", "seco
 
 
 def plot(records: list[dict], title: str, path: Path) -> None:
-    from anchormass.eval import plots  # Agg backend
+    from anchormass.eval import report  # Agg backend
 
-    fig, ax = plots.plt.subplots(figsize=(6, 3.6))
+    fig, ax = report.plt.subplots(figsize=(6, 3.6))
     ax.plot([r["step"] for r in records], [r["accuracy"] for r in records], marker=".", label="held-out accuracy")
     ax.axhline(records[0]["chance"], color="grey", ls=":", label="chance")
     ax.set(xlabel="training step", ylabel="recall accuracy", ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
-    plots.save_figure(fig, path)
+    report.save_figure(fig, path)
 
 
 @exit_on_error
 def run(cfg: DictConfig) -> int:
     import torch
 
-    from anchormass.eval.stats import wilson_interval
+    from anchormass.eval.report import wilson_interval
     from anchormass.models import build_model
     from anchormass.models.config import read_preset
     from anchormass.training.recall_probe import ProbeConfig, steps_to, train_probe

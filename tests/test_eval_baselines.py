@@ -10,7 +10,7 @@ import torch
 
 from anchormass.cache.kv_policies import SnapKV, attention_probs
 from anchormass.cache.standard_cache import StandardLayerCache
-from anchormass.eval.sessions import session_logprobs, standard_bytes_per_token
+from anchormass.eval.scoring import session_logprobs, standard_bytes_per_token
 from anchormass.eval.suites.hitrate import HitRateProbe
 from anchormass.models import build_model
 
@@ -141,7 +141,7 @@ def assets(tmp_path_factory):
     """A small tokenizer and a val.bin made with it."""
     from anchormass.data.token_file import write_tokens
     from anchormass.data.tokenizer import train_tokenizer
-    from anchormass.eval.haystack import CLASSIC_JA, PHRASINGS
+    from anchormass.eval.items import CLASSIC_JA, PHRASINGS
 
     d = tmp_path_factory.mktemp("baselines_assets")
     texts = [CLASSIC_JA * 3] + [" ".join(v) for v in PHRASINGS["ja"].values()] + ["0123456789 パスキー"] * 3
@@ -180,8 +180,8 @@ def test_baselines_passkey_and_token_file(tmp_path, tiny_models, assets):
 
 def test_prompt_sources(assets):
     from anchormass.errors import ConfigError
-    from anchormass.eval.prompt_sources import prompt_source
     from anchormass.eval.suite import EvalContext
+    from anchormass.eval.suites.hitrate import prompt_source
 
     data_dir, tok = assets
     ctx = EvalContext(models=[], tokenizer=None, device=torch.device("cpu"), data_dir=data_dir)
@@ -232,7 +232,7 @@ def test_stored_bytes_agree_with_the_independent_accounting(tiny_models):
 
 def test_matched_budget_charges_snapkv_for_fed_tokens_and_says_when_it_cannot():
     from anchormass.cache.kv_policies import H2O, SnapKV
-    from anchormass.eval.methods import matched_budget
+    from anchormass.eval.scoring import matched_budget
 
     assert matched_budget(H2O(), 71.6, fed=62) == (72, None)
     assert matched_budget(SnapKV(window=8), 71.6, fed=62) == (10, None)

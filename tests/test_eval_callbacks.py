@@ -5,8 +5,7 @@ import numpy as np
 import torch
 
 from anchormass.data.token_file import write_tokens
-from anchormass.eval.callbacks import EvalCallback
-from anchormass.eval.presets import load_preset
+from anchormass.eval.callbacks import EvalCallback, load_preset
 from anchormass.models import build_model
 from anchormass.models.config import load_model_config
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from anchormass.data.token_file import write_tokens
 from anchormass.data.tokenizer import train_tokenizer
 from anchormass.errors import AnchorMassError, ConfigError
-from anchormass.eval.haystack import CLASSIC_EN, CLASSIC_JA, PHRASINGS
+from anchormass.eval.items import CLASSIC_EN, CLASSIC_JA, PHRASINGS
 from anchormass.eval.runner import run_evaluation
 
 ROOT = Path(__file__).resolve().parents[1]

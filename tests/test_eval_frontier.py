@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError
+from anchormass.eval.report import mcnemar_exact, wilson_interval
 from anchormass.eval.runner import run_evaluation
-from anchormass.eval.stats import mcnemar_exact, wilson_interval
 from anchormass.eval.suite import EvalContext, EvalModel
 from anchormass.eval.suites.frontier import RecallFrontierSuite
 from anchormass.models import build_model
@@ -23,7 +23,7 @@ CFG = {"lengths": [128], "slot_budgets": [8], "slot_policies": ["adaptive", "fif
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     from anchormass.data.tokenizer import train_tokenizer
-    from anchormass.eval.haystack import CLASSIC_EN, PHRASINGS
+    from anchormass.eval.items import CLASSIC_EN, PHRASINGS
 
     d = tmp_path_factory.mktemp("frontier")
     texts = [CLASSIC_EN * 3] + [" ".join(v) for v in PHRASINGS["en"].values()] + ["0123456789 passkey"] * 3

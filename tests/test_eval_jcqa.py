@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from anchormass.errors import ConfigError, DataError
-from anchormass.eval.jcqa_data import (
+from anchormass.eval.suites.jcqa import choice_logliks, score_questions
+from anchormass.eval.suites.jcqa.questions import (
     TEMPLATE,
     build_prompt,
     continuations,
@@ -15,7 +16,6 @@ from anchormass.eval.jcqa_data import (
     resolve_template,
     shots_per_question,
 )
-from anchormass.eval.suites.jcqa import choice_logliks, score_questions
 
 
 class CharTokenizer:

@@ -13,9 +13,9 @@ from scipy import stats
 
 from anchormass.data.mqar import MQARVocab, make_item
 from anchormass.errors import ConfigError
-from anchormass.eval.predictions import cached_predictions, parallel_predictions
+from anchormass.eval.report import wilson_interval
 from anchormass.eval.runner import run_evaluation
-from anchormass.eval.stats import wilson_interval
+from anchormass.eval.scoring import cached_predictions, parallel_predictions
 from anchormass.eval.suite import EvalContext, EvalModel
 from anchormass.eval.suites.mqar import MqarSuite, distance_bucket
 from anchormass.models import build_model

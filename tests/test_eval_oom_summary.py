@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import anchormass.eval.passkey_trials as passkey_trials
+import anchormass.eval.items as items
 from anchormass.eval.runner import run_evaluation
 
 from _train_helpers import tiny_datasets
@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def out_of_memory_at_320(monkeypatch):
-    real = passkey_trials.generate
+    real = items.generate
 
     def generate(model, ids, *args, **kwargs):
         if ids.shape[1] >= 320:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, ids, *args, **kwargs)
 
-    monkeypatch.setattr(passkey_trials, "generate", generate)
+    monkeypatch.setattr(items, "generate", generate)
 
 
 def test_oom_cells_are_missing_from_the_summary(tmp_path, out_of_memory_at_320):

@@ -2,8 +2,7 @@ import numpy as np
 import pytest
 
 from anchormass.errors import ConfigError
-from anchormass.eval.answers import first_digit_run, score_answer
-from anchormass.eval.haystack import PHRASINGS, Haystack, make_trial
+from anchormass.eval.items import PHRASINGS, Haystack, first_digit_run, make_trial, score_answer
 
 
 @pytest.mark.parametrize(

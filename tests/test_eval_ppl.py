@@ -4,8 +4,8 @@ import torch
 
 from anchormass.data.token_file import write_tokens
 from anchormass.errors import DataError
-from anchormass.eval.common import target_logprobs
-from anchormass.eval.ppl_items import draw_anchors
+from anchormass.eval.items import draw_anchors
+from anchormass.eval.scoring import target_logprobs
 from anchormass.eval.suite import EvalContext, EvalModel
 from anchormass.eval.suites.ppl import PplSuite, cached_target_logprobs
 from anchormass.models import build_model

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from anchormass.eval.stats import holm, mcnemar_exact, mcnemar_p, paired_nll_by_length, wilcoxon_signed_rank
+from anchormass.eval.report import holm, mcnemar_exact, mcnemar_p, paired_nll_by_length, wilcoxon_signed_rank
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 

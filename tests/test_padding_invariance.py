@@ -145,8 +145,8 @@ def _questions(n: int, seed: int) -> list[dict]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_jcqa_scores_do_not_depend_on_batch_size_or_order(name):
-    from anchormass.eval.jcqa_data import resolve_template, shots_per_question
     from anchormass.eval.suites.jcqa import score_questions
+    from anchormass.eval.suites.jcqa.questions import resolve_template, shots_per_question
 
     m = tiny(name, vocab=64, init_std=0.2)
     tok = CharTokenizer()
@@ -201,7 +201,7 @@ def test_perplexity_per_anchor_does_not_depend_on_batch_size_or_order(name, tmp_
 @pytest.mark.parametrize("name", NAMES)
 def test_mqar_per_query_does_not_depend_on_batch_size_or_order(name):
     from anchormass.data.mqar import MQARVocab, make_item
-    from anchormass.eval.predictions import parallel_predictions
+    from anchormass.eval.scoring import parallel_predictions
     from anchormass.eval.suites.mqar import MqarSuite
 
     m = tiny(name, vocab=600)
@@ -238,8 +238,7 @@ class DigitTokenizer(CharTokenizer):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_passkey_outputs_do_not_depend_on_batch_size_or_order(name):
-    from anchormass.eval.haystack import Haystack
-    from anchormass.eval.passkey_trials import run_trials, trial_grid
+    from anchormass.eval.items import Haystack, run_trials, trial_grid
 
     m = tiny(name, vocab=110, init_std=0.2)
     tok = DigitTokenizer()

@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     """`python evaluate.py ...` and `anchormass-eval ...`."""
     from anchormass.cli_help import exit_with_help, presets
-    from anchormass.eval.suite_names import SUITES
+    from anchormass.eval.registry import SUITES
     from anchormass.training.logged_process import follow_parent
 
     exit_with_help(sys.argv[1:], "evaluate.py", __doc__, ["eval", "model"], "evaluate",

@@ -21,19 +21,12 @@ from pathlib import Path
 from anchormass.cli import exit_on_error
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
+from anchormass.eval.report import scalar_stats
 from anchormass.utils import atomic_write_json, atomic_write_text
 
 
 def _scalar(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def scalar_stats(values: list[float]) -> dict:
-    """mean, sample std (n - 1; None for one value), n, min, max."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "std": std, "n": n, "min": min(values), "max": max(values)}
 
 
 def generic_aggregate(name: str, per_seed: list[dict], seeds: list[int]) -> dict:

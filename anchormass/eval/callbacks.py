@@ -21,10 +21,24 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 
-from anchormass.eval.presets import load_preset
+from anchormass.config_compose import compose_file
 from anchormass.eval.registry import make_suite
 from anchormass.eval.suite import EvalModel
+from anchormass.utils import CONFIG_ROOT
+
+EVAL_CONFIG_DIR = CONFIG_ROOT / "eval"
+
+
+def load_preset(name: str, overrides: dict | None = None) -> dict:
+    """An eval size preset (`configs/eval/<name>.yaml`) outside Hydra, composed as Hydra composes
+    the `eval` group (anchormass/config_compose.py): a preset's `defaults: [<other>, _self_]` merges
+    the other preset first, then the file's own keys on top."""
+    merged = compose_file(name, EVAL_CONFIG_DIR, "eval preset")
+    if overrides:
+        merged = OmegaConf.merge(merged, OmegaConf.create(overrides))
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 class EvalCallback(Callback):

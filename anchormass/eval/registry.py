@@ -1,14 +1,32 @@
 """Suites by name: the one list of suites. Modules are imported when a suite is asked for, so a
 suite with heavy dependencies costs nothing to a run that does not use it; `suite=all` runs the
-suites whose class sets `in_all`, in this order."""
+suites whose class sets `in_all`, in this order. Importing this module imports no torch, so
+`evaluate.py --help` lists the suites at once."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from anchormass.errors import ConfigError
-from anchormass.eval.suite import Suite
-from anchormass.eval.suite_names import SUITES
+
+if TYPE_CHECKING:
+    from anchormass.eval.suite import Suite
+
+# name -> "module:Class"
+SUITES: dict[str, str] = {
+    "profile": "anchormass.eval.suites.profile:ProfileSuite",
+    "ppl": "anchormass.eval.suites.ppl:PplSuite",
+    "passkey": "anchormass.eval.suites.passkey:PasskeySuite",
+    "policies": "anchormass.eval.suites.policies:PoliciesSuite",
+    "jcqa": "anchormass.eval.suites.jcqa:JcqaSuite",
+    "hitrate": "anchormass.eval.suites.hitrate:HitRateSuite",
+    "baselines": "anchormass.eval.suites.baselines:BaselinesSuite",
+    "lm_eval": "anchormass.eval.suites.lm_eval:LmEvalSuite",
+    "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
+    "mqar": "anchormass.eval.suites.mqar:MqarSuite",
+    "retrofit": "anchormass.eval.suites.retrofit:RetrofitSuite",
+}
 
 
 def suite_class(name: str) -> type[Suite]:

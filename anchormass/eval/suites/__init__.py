@@ -1,5 +1,6 @@
-"""The evaluation suites, one module each (the registry, anchormass/eval/registry.py, names them).
+"""The evaluation suites, one module (or one package) each (the registry, anchormass/eval/registry.py,
+names them).
 
 A suite module imports no other suite module: what several suites share lives beside the
-framework in anchormass/eval/ (methods.py, passkey_trials.py, ppl_items.py, predictions.py).
+framework in anchormass/eval/ (items.py, scoring.py, report.py).
 """

@@ -36,14 +36,19 @@ import torch
 
 from anchormass.cache.kv_policies import POLICIES
 from anchormass.errors import ConfigError
-from anchormass.eval import tables
-from anchormass.eval.common import progress
-from anchormass.eval.methods import Method, matched_budget, prefill_chunk
-from anchormass.eval.passkey_trials import passkey_setup
-from anchormass.eval.ppl_items import PplItems, draw_anchors, ppl_items
-from anchormass.eval.sessions import needs_standard, session_decode, session_logprobs, standard_bytes_per_token
+from anchormass.eval.items import PplItems, draw_anchors, passkey_setup, ppl_items, score_answer
+from anchormass.eval.report import KIB, markdown, plt, save_figure
+from anchormass.eval.scoring import (
+    Method,
+    matched_budget,
+    needs_standard,
+    prefill_chunk,
+    progress,
+    session_decode,
+    session_logprobs,
+    standard_bytes_per_token,
+)
 from anchormass.eval.suite import EvalContext, Suite
-from anchormass.eval.tables import KIB
 
 BYTE_FIELDS = ("stored_prefill", "stored_end", "allocated_prefill", "allocated_peak")
 
@@ -139,8 +144,6 @@ class BaselinesSuite(Suite):
         return {"nll": nll, "ppl": math.exp(nll), **kv.as_dict()}
 
     def _passkey_item(self, method: Method, trial) -> dict:
-        from anchormass.eval.answers import score_answer
-
         model = method.model.model
         tok = self.passkey["haystack"].tok
         ids = torch.tensor([self.passkey["haystack"].build(trial)], device=next(model.parameters()).device)
@@ -265,7 +268,7 @@ class BaselinesSuite(Suite):
                   if s["anchormass"] else "The target of a level is that many Standard tokens' K+V")
         notes = sorted({f"{r['method']} {r['level']} L={r['length']:,}: {n}"
                         for r in result["rows"] for n in r["notes"]})
-        text = (f"## KV compression baselines at equal stored KV bytes\n\n{tables.markdown(head, body)}\n"
+        text = (f"## KV compression baselines at equal stored KV bytes\n\n{markdown(head, body)}\n"
                 f"Stored = keys, values and masses a method keeps (`cache.stored_nbytes`), at the end of the prefill "
                 f"and after the last token; allocated = its buffers (`cache.nbytes`). {target}; a Standard token "
                 f"stores {s['standard_bytes_per_token']:,} B (measured); 'vs target' = stored after the last token / "
@@ -282,8 +285,6 @@ class BaselinesSuite(Suite):
 def score_vs_bytes(result: dict, path: Path) -> str:
     """One panel per task: score against stored KV KiB after the last token; colour = method,
     marker = length."""
-    from anchormass.eval.plots import plt, save_figure
-
     tasks = [t for t in ("ppl", "passkey") if any(r["task"] == t for r in result["rows"])]
     methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
     colour = {m: f"C{i}" for i, m in enumerate(methods)}

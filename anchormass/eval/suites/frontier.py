@@ -27,16 +27,18 @@ from anchormass.cache.kv_policies import POLICIES as KV_POLICIES
 from anchormass.cache.slot_policies import POLICIES as SLOT_POLICIES
 from anchormass.data.mqar import MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
-from anchormass.eval import tables
-from anchormass.eval.answers import score_answer
-from anchormass.eval.common import fmt_p, progress
-from anchormass.eval.methods import Method, matched_budget, prefill_chunk
-from anchormass.eval.passkey_trials import passkey_setup
-from anchormass.eval.predictions import cached_predictions
-from anchormass.eval.sessions import session_decode, standard_bytes_per_token
-from anchormass.eval.stats import mcnemar_exact, wilson_interval
+from anchormass.eval.items import passkey_setup, score_answer
+from anchormass.eval.report import KIB, fmt_p, markdown, mcnemar_exact, plt, save_figure, wilson_interval
+from anchormass.eval.scoring import (
+    Method,
+    cached_predictions,
+    matched_budget,
+    prefill_chunk,
+    progress,
+    session_decode,
+    standard_bytes_per_token,
+)
 from anchormass.eval.suite import EvalContext, Suite
-from anchormass.eval.tables import KIB
 
 TASKS = ("passkey", "mqar")
 
@@ -260,7 +262,7 @@ def _markdown(rows: list[dict], settings: dict, seeds: list) -> str:
             tests = ", ".join(fmt_p(c["mcnemar_vs_anchormass"]["p"]) if c and "mcnemar_vs_anchormass" in c else "-"
                               for c in (pk, mq))
             body.append([level, method, stored, _fmt_rate(pk) if pk else "-", _fmt_rate(mq) if mq else "-", tests])
-        text.append(f"### {L:,} tokens\n\n{tables.markdown(head, body)}")
+        text.append(f"### {L:,} tokens\n\n{markdown(head, body)}")
     mq = settings["mqar"]
     notes = sorted({f"{r['method']} level {r['level']} L={r['length']:,}: {n}" for r in rows for n in r["notes"]})
     text.append(
@@ -281,8 +283,6 @@ def _markdown(rows: list[dict], settings: dict, seeds: list) -> str:
 def frontier_plot(rows: list[dict], path: Path) -> str:
     """Rows: task; columns: length. Recall (y) against stored KV KiB (x, log): one line per method
     across budget levels; the full caches as stars."""
-    from anchormass.eval.plots import plt, save_figure
-
     lengths = sorted({r["length"] for r in rows})
     methods = sorted({r["method"] for r in rows if not r["method"].endswith("/full")})
     colour = {m: f"C{i}" for i, m in enumerate(methods)}

@@ -7,6 +7,8 @@ compressing anything; then for every greedily generated token, per layer and hea
 positions (the prompt minus the observation window) whose attention exceeds `threshold` (0.05)
 are "important", and hit rate = important positions the vote selected / important positions.
 Counts are summed over generated tokens and prompts (a micro-average per layer and head).
+Prompts of exact lengths: passkey haystacks, windows of a token file at seeded offsets, or seeded
+random ids (random-init demos).
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import SnapKV, attention_probs
 from anchormass.cache.kv_policies.snapkv import QUERY_STATE
 from anchormass.errors import ConfigError
-from anchormass.eval import tables
-from anchormass.eval.common import progress
-from anchormass.eval.prompt_sources import prompt_source
-from anchormass.eval.sessions import needs_standard
+from anchormass.eval.items import Haystack, make_trial
+from anchormass.eval.report import annotated_heatmap, markdown, pct, plt, save_figure
+from anchormass.eval.scoring import needs_standard, progress
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.inference import generate
 
@@ -81,6 +82,54 @@ def hit_counts(model, ids: torch.Tensor, probe: HitRateProbe, new_tokens: int,
     hits = np.stack([lay.state["hit_hits"].sum(0).cpu().numpy() for lay in cache.layers])
     important = np.stack([lay.state["hit_important"].sum(0).cpu().numpy() for lay in cache.layers])
     return hits, important
+
+
+@dataclass
+class PromptSource:
+    """Prompts of exact lengths: passkey haystacks (needs a tokenizer), windows of a token file
+    at seeded offsets, or seeded random ids (random-init demos)."""
+
+    kind: str  # "passkey" | "tokens" | "random"
+    haystack: object | None = None
+    tokens: object | None = None  # np.memmap for kind="tokens"
+    where: str = ""
+
+    def prompt(self, length: int, seed: int, vocab: int) -> torch.Tensor:
+        if self.kind == "passkey":
+            depth = (0.1, 0.3, 0.5, 0.7, 0.9)[seed % 5]
+            return torch.tensor(self.haystack.build(make_trial(length, depth, seed)), dtype=torch.long)
+        gen = torch.Generator().manual_seed(seed)
+        if self.kind == "tokens":
+            if length > len(self.tokens):
+                raise ConfigError(f"a {length}-token prompt does not fit in {self.where} ({len(self.tokens)} tokens)")
+            start = int(torch.randint(0, len(self.tokens) - length + 1, (1,), generator=gen))
+            return torch.as_tensor(np.asarray(self.tokens[start:start + length], dtype=np.int64))
+        return torch.randint(0, vocab, (length,), generator=gen)
+
+    def describe(self) -> str:
+        return {"passkey": "passkey haystacks (depths 10-90%)", "random": "random token ids (seeded)",
+                "tokens": f"windows of {self.where} at seeded offsets"}[self.kind]
+
+
+def prompt_source(kind: str | None, ctx: EvalContext, suite: str, data: str | None = None) -> PromptSource:
+    """kind None: passkey when a tokenizer is loaded, else random ids. kind "tokens" reads `data`
+    (a .bin token file) or `<data_dir>/val.bin`."""
+    kind = kind or ("passkey" if ctx.tokenizer is not None else "random")
+    if kind == "random":
+        return PromptSource("random")
+    if kind == "passkey":
+        return PromptSource("passkey", Haystack(ctx.need_tokenizer(suite)))
+    if kind == "tokens":
+        from anchormass.data.token_file import open_tokens
+
+        if data is None and ctx.data_dir is None:
+            raise ConfigError(f"{suite}: prompts=tokens needs eval.{suite}.data=<val.bin> or data_dir=<folder>")
+        path = Path(str(data)).expanduser() if data else Path(ctx.data_dir) / "val.bin"
+        tokens = open_tokens(path)
+        if ctx.record_data is not None:
+            ctx.record_data(suite, path)
+        return PromptSource("tokens", tokens=tokens, where=path.name)
+    raise ConfigError(f"{suite}: prompts must be 'passkey', 'tokens' or 'random', got {kind!r}")
 
 
 class HitRateSuite(Suite):
@@ -175,7 +224,7 @@ class HitRateSuite(Suite):
             rate, chance = np.array(r["hit_rate"], dtype=float), np.array(r["chance"], dtype=float)
             head = ["layer"] + [f"head {h}" for h in range(rate.shape[1])] + ["mean"]
             hits, important = np.array(r["hits"]), np.array(r["important"])
-            rows = [[str(layer)] + [f"{tables.pct(int(h), int(n))} ({_pct(c)})"
+            rows = [[str(layer)] + [f"{pct(int(h), int(n))} ({_pct(c)})"
                                     for h, n, c in zip(hits[layer], important[layer], chance[layer])]
                     + [f"{_pct(_mean(row))} ({_pct(_mean(chance[layer]))})"] for layer, row in enumerate(rate)]
             o = overview(rate)
@@ -183,10 +232,10 @@ class HitRateSuite(Suite):
                     if o["hit_rate_mean"] is None else
                     f"mean {_pct(o['hit_rate_mean'])} (random {_pct(_mean(chance))}), min {_pct(o['hit_rate_min'])}, "
                     f"heads above 80%: {o['heads_over_80pct']:.0%} of the heads with any important position")
-            per_len = "; ".join(f"{int(n):,} tokens: {tables.pct(c['hits'], c['important'])} "
+            per_len = "; ".join(f"{int(n):,} tokens: {pct(c['hits'], c['important'])} "
                                 f"(random {_pct(c['chance'])})"
                                 for n, c in r.get("by_length", {}).items())
-            out.append(f"### {lab}\n\n{tables.markdown(head, rows)}\n{tail}. Pooled over layers and heads, "
+            out.append(f"### {lab}\n\n{markdown(head, rows)}\n{tail}. Pooled over layers and heads, "
                        f"by prompt length: {per_len}.\n")
         return "\n".join(out)
 
@@ -224,8 +273,6 @@ def overview(rate: np.ndarray) -> dict:
 
 def heatmap(label: str, rate: np.ndarray, path: Path) -> str:
     """Layers (rows) x heads (columns), hit rate in [0, 1]."""
-    from anchormass.eval.plots import annotated_heatmap, plt, save_figure
-
     n_layers, n_heads = rate.shape
     fig, ax = plt.subplots(figsize=(0.6 * n_heads + 2.5, 0.4 * n_layers + 1.8))
     im = annotated_heatmap(ax, rate)

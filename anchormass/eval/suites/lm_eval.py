@@ -16,7 +16,7 @@ import io
 import logging
 
 from anchormass.errors import ConfigError, DataError
-from anchormass.eval import tables
+from anchormass.eval.report import markdown
 from anchormass.eval.suite import EvalContext, Suite
 
 
@@ -146,5 +146,5 @@ class LmEvalSuite(Suite):
                     cells.append(f"{100 * res[metric]:.2f}" + (f" ± {100 * err:.2f}" if err else ""))
                 body.append(cells)
         n = "; ".join(f"{t}: {v.get('effective')} of {v.get('original')}" for t, v in result["n_samples"].items())
-        return (f"## lm-evaluation-harness\n\n{tables.markdown(['task', 'metric', *labels], body)}\n"
+        return (f"## lm-evaluation-harness\n\n{markdown(['task', 'metric', *labels], body)}\n"
                 f"lm_eval {result['harness_version']}; items scored: {n}; percent ± the harness's standard error.\n")

@@ -20,12 +20,9 @@ from anchormass.cache import new_cache
 from anchormass.config_checks import check_numbers
 from anchormass.data.mqar import MQARItem, MQARVocab, check_shape, make_item
 from anchormass.errors import ConfigError
-from anchormass.eval import plots, tables
-from anchormass.eval.common import OOM, fmt_p, free_memory, is_oom, progress
-from anchormass.eval.predictions import cached_predictions, parallel_predictions
-from anchormass.eval.stats import mcnemar_exact, wilson_interval
+from anchormass.eval.report import KIB, fmt_p, markdown, mcnemar_exact, pct, plt, save_figure, wilson_interval
+from anchormass.eval.scoring import OOM, cached_predictions, free_memory, is_oom, parallel_predictions, progress
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.eval.tables import KIB
 
 
 def distance_bucket(d: int) -> int:
@@ -177,7 +174,7 @@ class MqarSuite(Suite):
             for lab in labels:
                 s = c[lab]
                 row.append(s["status"] if s["status"] != "ok" else
-                           f"{tables.pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]")
+                           f"{pct(s['correct'], s['n'])} [{100 * s['ci'][0]:.1f}, {100 * s['ci'][1]:.1f}]")
             if cached:
                 kv = [c[lab]["stored_bytes"] for lab in labels]
                 row += ["-" if b is None else f"{b['stored_prefill'] / KIB:,.1f} / {b['stored_end'] / KIB:,.1f}"
@@ -193,7 +190,7 @@ class MqarSuite(Suite):
         setting = f"mode: {result['mode']}"
         if cached:
             setting += f", policy: {result['policy'] or 'model default'}, budget: {result['budget'] or 'model default'}"
-        return (f"## Multi-query associative recall (MQAR)\n\n{tables.markdown(head, body)}\n"
+        return (f"## Multi-query associative recall (MQAR)\n\n{markdown(head, body)}\n"
                 f"{setting}; {result['n_items']} items per cell ({asked}; k/n counts queries); "
                 f"seed {result['seed']}, alpha {result['alpha']}. A query is correct when the argmax over "
                 "the whole vocabulary at the query key is its value (query region teacher-forced)."
@@ -202,4 +199,22 @@ class MqarSuite(Suite):
                 + "\n")
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return [plots.mqar_accuracy(result, out_dir / "mqar_accuracy.png")]
+        return [mqar_accuracy(result, out_dir / "mqar_accuracy.png")]
+
+
+def mqar_accuracy(result: dict, path: Path) -> str:
+    """MQAR accuracy vs length (log2 x), one line per (model, number of pairs)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for lab in result["labels"]:
+        for pairs in result["n_pairs"]:
+            cells = sorted((c for c in result["cells"] if c["n_pairs"] == pairs), key=lambda c: c["length"])
+            ax.plot([c["length"] for c in cells], [c[lab]["acc"] for c in cells], marker="o",
+                    label=f"{lab}, {pairs} pairs")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("item length (tokens)")
+    ax.set_ylabel("query accuracy")
+    ax.set_title(f"MQAR ({result['mode']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -1,6 +1,6 @@
 """(c) Passkey retrieval (needle in a haystack), docs/method.md §6 c.
 
-Trials: every (length, depth, seed) of the config, identical for both models (haystack.py builds
+Trials: every (length, depth, seed) of the config, identical for both models (items.py builds
 the exact-length prompts). Greedy decoding of `max_new_tokens`; the answer is the first digit
 run of the NFKC-normalised text. A format-robustness run repeats the trials of one length with
 each of the five question phrasings.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from anchormass.errors import ConfigError
-from anchormass.eval import plots, tables
-from anchormass.eval.common import OOM, fmt_p
-from anchormass.eval.haystack import PHRASINGS
-from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
-from anchormass.eval.stats import mcnemar_exact
+from anchormass.eval.items import DEFAULT_DEPTHS, PHRASINGS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.report import annotated_heatmap, fmt_p, markdown, mcnemar_exact, pct, plt
+from anchormass.eval.scoring import OOM
 from anchormass.eval.suite import EvalContext, Suite
 
 
@@ -106,23 +106,41 @@ class PasskeySuite(Suite):
             for lab in labels:
                 c = result["by_length"][lab][L]
                 cells.append(OOM if c["oom"] == c["n"]
-                             else f"{tables.pct(c['exact'], c['n'])}, {c['digits_mean']:.2f} digits")
+                             else f"{pct(c['exact'], c['n'])}, {c['digits_mean']:.2f} digits")
             if len(labels) == 2:
                 ca, cb = (result["by_length"][lab][L] for lab in labels)
                 cells += [f"{cb['exact'] - ca['exact']:+d}", fmt_p(result["paired"][L]["p"])]
             body.append(cells)
-        text = (f"## Passkey retrieval\n\n{tables.markdown(head, body)}\n"
+        text = (f"## Passkey retrieval\n\n{markdown(head, body)}\n"
                 f"{len(result['depths'])} depths x {len(result['seeds'])} seeds per length; filler: {result['filler']} "
                 f"({result['lang']}), phrasing: {result['phrasing']}; exact = first digit run equals the key.\n")
         rob = result.get("robustness")
         if rob:
             head = ["phrasing"] + [f"{lab} exact" for lab in labels]
-            body = [[p] + [tables.pct(rob["by_phrasing"][lab][p]["exact"], rob["by_phrasing"][lab][p]["n"])
+            body = [[p] + [pct(rob["by_phrasing"][lab][p]["exact"], rob["by_phrasing"][lab][p]["n"])
                            for lab in labels] for p in rob["phrasings"]]
-            body.append(["**total**"] + [tables.pct(rob["total"][lab]["exact"], rob["total"][lab]["n"])
+            body.append(["**total**"] + [pct(rob["total"][lab]["exact"], rob["total"][lab]["n"])
                                          for lab in labels])
-            text += f"\n### Format robustness at {rob['length']:,} tokens\n\n{tables.markdown(head, body)}"
+            text += f"\n### Format robustness at {rob['length']:,} tokens\n\n{markdown(head, body)}"
         return text
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return [plots.passkey_heatmap(result, out_dir / "passkey_heatmap.png")]
+        return [passkey_heatmap(result, out_dir / "passkey_heatmap.png")]
+
+
+def passkey_heatmap(result: dict, path: Path) -> str:
+    """Exact-match rate by length (rows) x needle depth (columns), one panel per model."""
+    labels, lengths, depths = result["labels"], result["lengths"], result["depths"]
+    fig, axes = plt.subplots(1, len(labels), figsize=(1.2 * len(depths) * len(labels) + 2, 0.5 * len(lengths) + 2),
+                             squeeze=False)
+    for ax, lab in zip(axes[0], labels):
+        im = annotated_heatmap(ax, np.array(result["heatmap"][lab], dtype=float))  # [lengths, depths]
+        ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_yticks(range(len(lengths)), [f"{L:,}" for L in lengths])
+        ax.set_xlabel("needle depth")
+        ax.set_ylabel("length (tokens)")
+        ax.set_title(f"passkey exact match: {lab}")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name

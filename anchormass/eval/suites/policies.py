@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from anchormass.errors import ConfigError
-from anchormass.eval import plots, tables
-from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.items import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.report import markdown, pct, plt, save_figure
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.models.config import SLOT_POLICIES
 
@@ -73,18 +75,38 @@ class PoliciesSuite(Suite):
         for lab in result["labels"]:
             cells = {(c["policy"], c["budget"]): c for c in result["cells"] if c["model"] == lab}
             head = ["budget (slots)"] + result["policies"]
-            body = [[f"{b}"] + [tables.pct(cells[(p, b)]["hits"], cells[(p, b)]["n"]) for p in result["policies"]]
+            body = [[f"{b}"] + [pct(cells[(p, b)]["hits"], cells[(p, b)]["n"]) for p in result["policies"]]
                     for b in result["budgets"]]
-            out.append(f"**{lab}**: all depths\n\n{tables.markdown(head, body)}")
-            body = [[f"{b}"] + [tables.pct(cells[(p, b)]["hits_shallow"], cells[(p, b)]["n_shallow"])
+            out.append(f"**{lab}**: all depths\n\n{markdown(head, body)}")
+            body = [[f"{b}"] + [pct(cells[(p, b)]["hits_shallow"], cells[(p, b)]["n_shallow"])
                                 for p in result["policies"]] for b in result["budgets"]]
-            out.append(f"**{lab}**: needle depth ≤ {result['split_depth']}\n\n{tables.markdown(head, body)}")
+            out.append(f"**{lab}**: needle depth ≤ {result['split_depth']}\n\n{markdown(head, body)}")
             head = ["policy @ budget"] + [f"depth {d:g}" for d in result["depths"]]
-            body = [[f"{p} @ {b}"] + [tables.pct(cells[(p, b)]["by_depth"][d]["exact"],
+            body = [[f"{p} @ {b}"] + [pct(cells[(p, b)]["by_depth"][d]["exact"],
                                                  cells[(p, b)]["by_depth"][d]["n"])
                                       for d in result["depths"]] for b in result["budgets"] for p in result["policies"]]
-            out.append(f"**{lab}**: by depth\n\n{tables.markdown(head, body)}")
+            out.append(f"**{lab}**: by depth\n\n{markdown(head, body)}")
         return "\n".join(out)
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return [plots.policy_bars(result, out_dir / "policies.png")]
+        return [policy_bars(result, out_dir / "policies.png")]
+
+
+def policy_bars(result: dict, path: Path) -> str:
+    """Exact-match rate per stage-2 policy (bars) at each budget (groups), one panel per model."""
+    labels, policies, budgets = result["labels"], result["policies"], result["budgets"]
+    fig, axes = plt.subplots(1, len(labels), figsize=(2.2 * len(budgets) * len(labels) + 2, 4), squeeze=False)
+    width = 0.8 / len(policies)
+    for ax, lab in zip(axes[0], labels):
+        cells = {(c["policy"], c["budget"]): c for c in result["cells"] if c["model"] == lab}
+        for k, pol in enumerate(policies):
+            rates = [cells[(pol, b)]["hits"] / max(1, cells[(pol, b)]["n"]) if (pol, b) in cells else np.nan
+                     for b in budgets]
+            ax.bar(np.arange(len(budgets)) + k * width, rates, width, label=pol)
+        ax.set_xticks(np.arange(len(budgets)) + 0.4 - width / 2, [f"{b} slots" for b in budgets])
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("passkey exact match")
+        ax.set_title(f"stage-2 policies at {result['length']:,} tokens: {lab}")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=8)
+    return save_figure(fig, path)

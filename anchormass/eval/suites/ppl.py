@@ -23,18 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anchormass.eval import plots, tables
-from anchormass.eval.common import (
-    OOM,
-    fmt_p,
-    free_memory,
-    is_oom,
-    progress,
-    target_logprobs,
-)
-from anchormass.eval.ppl_items import ppl_items
-from anchormass.eval.sessions import session_logprobs
-from anchormass.eval.stats import paired_nll_by_length
+from anchormass.eval.items import ppl_items
+from anchormass.eval.report import fmt_p, markdown, paired_nll_by_length, plt, save_figure
+from anchormass.eval.scoring import OOM, free_memory, is_oom, progress, session_logprobs, target_logprobs
 from anchormass.eval.suite import EvalContext, Suite
 
 
@@ -139,10 +130,34 @@ class PplSuite(Suite):
                      f"signed-rank per length ({', '.join(methods) or '-'}: exact null distribution without "
                      f"tied |d|, sign-flip permutation with ties), Holm step-down across the m = {holm_m} "
                      "lengths both models finished.")
-        return f"## Long-sequence perplexity\n\n{tables.markdown(head, body)}\n{note}\n"
+        return f"## Long-sequence perplexity\n\n{markdown(head, body)}\n{note}\n"
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return [plots.ppl_vs_context(result, out_dir / "ppl_vs_context.png")]
+        return [ppl_vs_context(result, out_dir / "ppl_vs_context.png")]
 
     def scalars(self, result: dict) -> dict[str, float]:
         return {k: float(v) for k, v in result["summary"].items()}
+
+
+def ppl_vs_context(result: dict, path: Path) -> str:
+    """PPL per model vs total length; with two models, B's win count is written at each point."""
+    labels = result["labels"]
+    xs = [r["length"] for r in result["rows"]]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for lab in labels:
+        ax.plot(xs, [np.nan if r[lab] == "OOM" else r[lab]["ppl"] for r in result["rows"]], marker="o", label=lab)
+    if len(labels) == 2:
+        for r in result["rows"]:
+            t = r.get("test")
+            if t is not None and r[labels[1]] != "OOM":
+                ax.annotate(f"{t['wins_b']}/{t['n']}", (r["length"], r[labels[1]]["ppl"]),
+                            textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.set_title(f"PPL vs context (numbers: {labels[1]} wins per length)")
+    else:
+        ax.set_title("PPL vs context")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("input length (tokens)")
+    ax.set_ylabel("perplexity of the last targets")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

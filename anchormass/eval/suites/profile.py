@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from anchormass.errors import ConfigError
-from anchormass.eval import plots, tables
-from anchormass.eval.common import OOM, free_memory, is_oom, progress
+from anchormass.eval.report import markdown, plt, save_figure
+from anchormass.eval.scoring import OOM, free_memory, is_oom, progress
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 
 MIB, GIB = 1024 ** 2, 1024 ** 3
@@ -130,10 +132,39 @@ class ProfileSuite(Suite):
                 f"{result['decode_tokens']} greedy tokens; KV = measured cache.nbytes after prefill; "
                 f"peak memory: {result['memory_method']}. results.json also holds process-CPU times "
                 "(closer to an idle machine's wall time when the host is shared).")
-        return f"## Efficiency profile\n\n{tables.markdown(head, body)}\n{note}\n"
+        return f"## Efficiency profile\n\n{markdown(head, body)}\n{note}\n"
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
-        return [plots.profile(result, out_dir / "profile.png")]
+        return [profile_chart(result, out_dir / "profile.png")]
 
     def scalars(self, result: dict) -> dict[str, float]:
         return {k: float(v) for k, v in result["summary"].items()}
+
+
+def _num(v):
+    return float(v) if isinstance(v, (int, float)) else np.nan  # "OOM" / None -> gap in the line
+
+
+def profile_chart(result: dict, path: Path) -> str:
+    """KV bytes / peak memory / prefill time / decode tok/s vs length, every model on one chart."""
+    panels = [("kv_bytes", "KV cache (MiB)", MIB), ("peak_bytes", "peak memory growth (MiB)", MIB),
+              ("prefill_s", "prefill time, median (s)", 1), ("decode_tok_s", "decode (tok/s)", 1)]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
+    series: dict[str, list[dict]] = {}
+    for row in result["rows"]:
+        series.setdefault(row["series"], []).append(row)
+    for ax, (key, title, scale) in zip(axes, panels):
+        for name, rows in series.items():
+            xs = [r["length"] for r in rows]
+            ys = [_num(r.get(key)) / scale for r in rows]
+            ax.plot(xs, ys, marker="o", label=name)
+            for x, r in zip(xs, rows):
+                if r.get("status") not in (None, "ok"):
+                    ax.annotate(r["status"], (x, 0), textcoords="offset points", xytext=(0, 4), fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)  # sizes and rates: the zero line makes growth readable
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return save_figure(fig, path)

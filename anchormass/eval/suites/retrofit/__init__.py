@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anchormass.errors import ConfigError
-from anchormass.eval.passkey_trials import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
+from anchormass.eval.items import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 from anchormass.eval.suites.retrofit.cells import cell_info, learning_curve, slot_diagnostics, stored_bytes
 from anchormass.training.run import finished_run

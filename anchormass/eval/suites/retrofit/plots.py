@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anchormass.eval.plots import plt, save_figure
+from anchormass.eval.report import plt, save_figure
 
 G8_HEADS_158M = 14 * 6  # the write-up's model: 14 layers x 6 global heads of 64
 

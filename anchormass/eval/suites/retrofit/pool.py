@@ -14,10 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anchormass.eval import tables
-from anchormass.eval.aggregate import scalar_stats
-from anchormass.eval.common import fmt_p
-from anchormass.eval.stats import mcnemar_exact, wilson_interval
+from anchormass.eval.report import fmt_p, markdown, mcnemar_exact, scalar_stats, wilson_interval
 
 CONTROL_BAR = 0.8  # a Standard below this at a trained length has not learned the task
 TRAINED = (512, 1024, 2048)  # the long-context stages' lengths: where the control must recall
@@ -119,14 +116,14 @@ def pool_seeds(per_seed: list[dict], seeds: list) -> dict:
     probe_body = [[lab, li, _fmt(x["digits_kept"]), _fmt(x["attn_on_needle"]), _fmt(x["emit"])]
                   for lab, c in cells.items() for li, x in enumerate(c["layers"])]
     n_trials = len(per_seed[0]["depths"]) * len(per_seed[0]["seeds"])
-    text = (f"## Recall against compression, retrofit route\n\n{tables.markdown(head, body)}\n"
+    text = (f"## Recall against compression, retrofit route\n\n{markdown(head, body)}\n"
             f"{n_trials} passkey trials per length and training seed ({len(per_seed[0]['depths'])} depths x "
             f"{len(per_seed[0]['seeds'])} keys), identical for every cell; ± is the std over training seeds; "
             f"CI: Wilson on the pooled count; p: exact McNemar over (seed, trial) pairs; stored bytes measured "
             f"after prefilling one {trained:,}-token prompt.\n" + "".join(n + "\n" for n in notes)
-            + f"\n### Exact matches at every length\n\n{tables.markdown(full, full_body)}\n"
+            + f"\n### Exact matches at every length\n\n{markdown(full, full_body)}\n"
             + f"\n### Slot diagnostics at {trained:,} tokens (stage 1 of one parallel forward)\n\n"
-            + tables.markdown(probe_head, probe_body) + "\n")
+            + markdown(probe_head, probe_body) + "\n")
     plain = {lab: {k: v for k, v in c.items() if k != "curves"} for lab, c in cells.items()}
     return {"markdown": text, "json": {"cells": plain, "shown_lengths": shown},
             "plots": lambda out_dir: plots(cells, shown, Path(out_dir))}

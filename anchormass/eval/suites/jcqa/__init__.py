@@ -14,11 +14,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from anchormass.eval import tables
-from anchormass.eval.common import fmt_p, gather_logprobs, padded_logits, progress
-from anchormass.eval.jcqa_data import build_prompt, continuations, load_split, resolve_template, shots_per_question
-from anchormass.eval.stats import mcnemar_exact
+from anchormass.eval.report import fmt_p, markdown, mcnemar_exact, pct
+from anchormass.eval.scoring import gather_logprobs, padded_logits, progress
 from anchormass.eval.suite import EvalContext, Suite
+from anchormass.eval.suites.jcqa.questions import (
+    build_prompt,
+    continuations,
+    load_split,
+    resolve_template,
+    shots_per_question,
+)
 
 
 def choice_logliks(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device) -> list[float]:
@@ -149,7 +154,7 @@ class JcqaSuite(Suite):
             head += [f"Δ ({labels[1]} − {labels[0]})", "exact McNemar"]
         body = []
         for key, name, test in (("correct", "acc", "mcnemar"), ("correct_norm", "acc_norm", "mcnemar_norm")):
-            cells = [name] + [tables.pct(result["rows"][lab][key], result["rows"][lab]["n"]) for lab in labels]
+            cells = [name] + [pct(result["rows"][lab][key], result["rows"][lab]["n"]) for lab in labels]
             if len(labels) == 2:
                 ra, rb = (result["rows"][lab] for lab in labels)
                 t = result[test]
@@ -158,7 +163,7 @@ class JcqaSuite(Suite):
             body.append(cells)
         shots = (f"train q_ids {result['shot_ids']} before every question" if result["shot_sampling"] == "fixed"
                  else "shots drawn per question, in order, from one generator seeded with shot_seed")
-        return (f"## JCommonsenseQA\n\n{tables.markdown(head, body)}\n{result['n_questions']:,} questions, "
+        return (f"## JCommonsenseQA\n\n{markdown(head, body)}\n{result['n_questions']:,} questions, "
                 f"{result['n_shots']}-shot ({shots}); score = summed log-likelihood of the continuation's tokens, "
                 "split off the joint tokenisation of prompt + continuation; acc_norm divides by the choice's "
                 "character length.\n")

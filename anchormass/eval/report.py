@@ -1,12 +1,45 @@
-"""Paired statistics (docs/method.md §6 b, e). Distributions come from scipy; only the bookkeeping is ours."""
+"""What the reports are made of: Markdown tables in the write-up's layout (one row per length /
+cell), paired statistics (docs/method.md §6 b, e; distributions from scipy, only the bookkeeping
+is ours), summaries over seeds, and PNG figures (matplotlib, Agg backend: no display needed).
+
+A suite's figure goes into the runner's staging folder, which is renamed into place only when
+the whole run succeeded.
+"""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-from scipy import stats
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+KIB = 1024  # bytes per KiB: the unit of the reports' KV-memory columns
+
+
+def markdown(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """First column left-aligned, the rest right-aligned (they hold numbers)."""
+    align = [":---"] + ["---:"] * (len(head) - 1)
+    lines = ["| " + " | ".join(map(str, head)) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def pct(hits: int, n: int) -> str:
+    """'80.0% (12/15)' as in the write-up."""
+    return f"{100.0 * hits / n:.1f}% ({hits}/{n})" if n else "-"
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.4f}" if p >= 1e-3 else f"{p:.2e}"
+
+
+# Paired statistics.
 
 # Largest n whose 2^n sign flips the tied-rank permutation test enumerates (as a sum distribution).
 MAX_PERMUTATION_N = 25
@@ -114,3 +147,32 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def scalar_stats(values: list[float]) -> dict:
+    """mean, sample std (n - 1; None for one value), n, min, max."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "std": std, "n": n, "min": min(values), "max": max(values)}
+
+
+# Figures.
+
+def save_figure(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def annotated_heatmap(ax, grid: np.ndarray, max_cells: int = 400):
+    """A [rows, cols] grid of rates in [0, 1] with each cell's value written in it (NaN: blank)."""
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    if grid.size <= max_cells:
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if grid[i, j] < 0.5 else "black")
+    return im
