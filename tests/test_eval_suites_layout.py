@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from _import_rules import private_name_imports
+
 from anchormass.eval.registry import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,27 +60,6 @@ def suite_import_violations(suites_dir: Path, suite_modules: set[str], root: Pat
             if other is not None and other != _suite_of(own, suite_modules) and other not in seen:
                 seen.add(other)
                 problems.append(f"{path.relative_to(root)} imports the suite module {name}")
-    return problems
-
-
-def private_name_imports(paths: list[Path], root: Path) -> list[str]:
-    """One line per `from m import _x`, or `m._x` on an imported module m, of a name private to m."""
-    problems = []
-    for path in paths:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        modules = set()  # names bound to imported modules (or what may be one: `from pkg import mod`)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-                for alias in node.names:
-                    if alias.name.startswith("_") and not alias.name.startswith("__"):
-                        problems.append(f"{path.relative_to(root)}: from {node.module} import {alias.name}")
-                    modules.add(alias.asname or alias.name)
-            elif isinstance(node, ast.Import):
-                modules.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
-                problems.append(f"{path.relative_to(root)}: {node.value.id}.{node.attr}")
     return problems
 
 

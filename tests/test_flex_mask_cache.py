@@ -22,7 +22,7 @@ def counted(monkeypatch):
         return torch.zeros_like(q)
 
     monkeypatch.setattr(flex, "create_block_mask", fake_create_block_mask)
-    monkeypatch.setattr(flex, "_flex", fake_flex)
+    monkeypatch.setattr(flex, "compiled_flex", fake_flex)
     monkeypatch.setattr(flex, "_BLOCK_MASKS", type(flex._BLOCK_MASKS)())
     return builds, used
 

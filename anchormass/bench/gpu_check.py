@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from anchormass.bench import targets
-from anchormass.bench.report import _table
+from anchormass.bench.report import markdown_table
 from anchormass.errors import ConfigError
 from anchormass.utils import REPO_ROOT, atomic_write_json, atomic_write_text
 
@@ -252,7 +252,7 @@ class Run:
     def table(self) -> str:
         head = (f"GPU check on {torch.cuda.get_device_name(0) if self.sizes.device == 'cuda' else 'cpu (dry run)'}, "
                 f"torch {torch.__version__}, {self.elapsed():.0f} s")
-        return "\n".join([head, "", *_table(["section", "item", "result", "detail"], self.rows)]) + "\n"
+        return "\n".join([head, "", *markdown_table(["section", "item", "result", "detail"], self.rows)]) + "\n"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,7 +2,7 @@
 FlexAttention vs block-wise SDPA differences, and one timed training step.
 
 Every function takes the device and a `compiled` switch, so the same code runs at tiny sizes on
-CPU (`gpu_check.sh --dry-run`, eager FlexAttention, forward only) and at full size on CUDA.
+CPU (`gpu_check.sh dry_run=true`, eager FlexAttention, forward only) and at full size on CUDA.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _kernels(cfg: ModelConfig, arch: str, compiled: bool):
         def flex_fn(q, k, v):
             t = q.shape[2]
             mask = create_block_mask(causal, None, None, t, t, device=str(q.device), _compile=compiled)
-            return (flex._flex if compiled else flex_attention)(q, k, v, block_mask=mask)
+            return (flex.compiled_flex if compiled else flex_attention)(q, k, v, block_mask=mask)
 
         return flex_fn, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     attn = AnchorMassAttention(cfg.replace(attn_impl="block_sdpa"), layer_idx=0)

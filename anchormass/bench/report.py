@@ -16,7 +16,7 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table whose columns are padded, so it also reads well on a terminal."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
@@ -83,20 +83,21 @@ def render(result: dict, target_rows: list[dict]) -> str:
     busy = _busy_note(result)
     out += [busy, ""] if busy else []
     out += ["## Targets (ratios measured side by side in this run)", ""]
-    out += _table(["target", "bound", "measured", "result", "same ratio on CPU time"],
+    out += markdown_table(["target", "bound", "measured", "result", "same ratio on CPU time"],
                   [[t["what"], t["target"], _fmt(t["measured"], ".3f"), t["status"],
                     _fmt(t.get("measured_cpu_time"), ".3f") if t.get("timed", True) else "-"]
                    for t in target_rows])
     for section, title in _titles(result).items():
         cols = COLUMNS[section]
         out += ["", f"## {title}", ""]
-        out += _table(list(cols), [[cell(r, result) for cell in cols.values()] for r in result.get(section, [])])
+        rows = [[cell(r, result) for cell in cols.values()] for r in result.get(section, [])]
+        out += markdown_table(list(cols), rows)
     out += ["", "## Measured cache bytes (cache.nbytes at the end of each session)", ""]
     crow = []
     for model in ("standard", "anchormass"):
         for r in sorted(cache_rows(result, model), key=lambda r: (str(r["budget"]), r["length"], r["section"])):
             crow.append([model, r["section"], r["length"], r["tokens"], _budget(r, result), f"{r['nbytes']:,}"])
-    out += _table(["model", "session", "prompt", "tokens seen", "budget", "bytes"], crow)
+    out += markdown_table(["model", "session", "prompt", "tokens seen", "budget", "bytes"], crow)
     out += ["", f"total bench time {result['elapsed_s']:.0f} s wall, {result['cpu_elapsed_s']:.0f} s process CPU; "
             f"load average (1/5/15 min) {result['load_avg_start']} at start, {result['load_avg_end']} at end "
             f"on {os.cpu_count()} CPUs", ""]

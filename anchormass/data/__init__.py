@@ -1,23 +1,23 @@
 """Data pipeline (docs/method.md §4): tokenizer, token files, prepared dataset folders, step-indexed DataModules.
 
-    prepare.py       data config -> data/<name>/ (scripts/prepare_data.py is its CLI)
-    tokenizer.py     SentencePiece with reserved pad/unk/bos/eos and chat-role ids
-    token_file.py    uint16 .bin + JSON sidecar; open_tokens() validates
-    dataset_dir.py   a prepared folder: meta.json, read_metadata(), fingerprint()
-    sources.py       corpora through `datasets` (local files, hub); cleaners.py; demo_corpus.py
-    sampler.py       the global order: step k -> sample ids, rank/micro-batch slicing
+Preparing a dataset (scripts/prepare_data.py is the CLI):
+    prepare.py           data config -> data/<name>/: picks the kind's writer, runs it in a staged folder
+    pretrain_writer.py   kind pretrain: documents -> tokenizer -> train.bin / val.bin
+    sft_writer.py        kind sft: Alpaca records -> chat-template tokens + loss mask + offsets
+    longctx_writer.py    kind longctx: retrieval examples over a prepared pretrain folder (sft layout)
+    staged_folder.py     build beside the target, rename into place when complete; one build at a time
+    sources.py           corpora through `datasets` (local files, hub); corpus_files.py reads their format
+    cleaners.py          text cleaners chosen by name; demo_corpus.py the offline demo text
+    parallel_encode.py   cleaning + tokenising with N worker processes, in corpus order
+    split_writer.py      the seeded train/val split, written as documents arrive
+    shards.py, merge.py  a corpus prepared on K machines, and the merge into one folder
+    sft.py               the chat template, Alpaca records, response-only loss masks
+    longctx.py, mqar.py  long-context retrieval examples; multi-query associative recall items
+Reading one:
+    tokenizer.py         SentencePiece with reserved pad/unk/bos/eos and chat-role ids
+    token_file.py        uint16 .bin + JSON sidecar; open_tokens() validates
+    dataset_dir.py       a prepared folder: meta.json, read_metadata(), fingerprint()
+    sampler.py           the global order: step k -> sample ids, rank/micro-batch slicing
     samples.py, loader.py, datamodule.py   sample sets, loaders, LightningDataModules
-    sft.py, longctx.py                     chat template + Alpaca; long-context retrieval examples
+    testing.py           tiny prepared datasets for tests
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def read_metadata(data_dir) -> dict[str, Any]:
-    """meta.json of a prepared folder (vocab_size, kind, tokenizer checksum, special ids, ...)."""
-    from anchormass.data.dataset_dir import read_metadata as _read
-
-    return _read(data_dir)
-

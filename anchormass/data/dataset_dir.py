@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -47,6 +47,12 @@ def read_metadata(data_dir: str | Path) -> dict[str, Any]:
     if meta.get("kind") not in KINDS:
         raise DataError(f"{path}: kind must be one of {KINDS}, got {meta.get('kind')!r}")
     return meta
+
+
+def base_meta(cfg: Mapping[str, Any], kind: str, tok: Tokenizer, source: str) -> dict[str, Any]:
+    """The meta.json fields every kind writes (each adds its splits and own fields)."""
+    return {"name": cfg["name"], "kind": kind, "vocab_size": tok.vocab_size, "tokenizer": "tokenizer.model",
+            "tokenizer_checksum": tok.checksum, "special_ids": tok.special_ids(), "source": source}
 
 
 def fingerprint(data_dir: str | Path, split: str = "train") -> str:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from anchormass.data.parallel_encode import EncodedBlock, block_owner, limited
-from anchormass.data.prepare import build_folder
 from anchormass.data.shards import ShardReader
 from anchormass.data.split_writer import SplitWriter
+from anchormass.data.staged_folder import build_folder
 from anchormass.errors import ConfigError, DataError
 from anchormass.path_checks import check_data_out_dir, check_folder_name
 from anchormass.utils import atomic_write_bytes, resolve_path

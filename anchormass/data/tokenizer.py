@@ -15,12 +15,12 @@ import itertools
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import sentencepiece as spm
 
-from anchormass.errors import DataError
-from anchormass.utils import atomic_write_bytes
+from anchormass.errors import ConfigError, DataError
+from anchormass.utils import atomic_write_bytes, resolve_path
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ROLE_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -121,3 +121,25 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
         raise DataError(f"tokenizer training failed: {str(err).strip().splitlines()[-1]}") from err
     atomic_write_bytes(out_path, model.getvalue())
     return Tokenizer(model.getvalue(), str(out_path))
+
+
+def dataset_tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
+    """The tokenizer of a dataset being prepared into `out`: the one at cfg.tokenizer.path (copied
+    in), or one trained on `train_texts()` with cfg.tokenizer's settings."""
+    tcfg = dict(cfg.get("tokenizer") or {})
+    if tcfg.get("path"):
+        tok = Tokenizer.load(resolve_path(tcfg["path"]))
+        atomic_write_bytes(out / "tokenizer.model", resolve_path(tcfg["path"]).read_bytes())
+        return tok
+    return train_tokenizer(
+        train_texts(), out / "tokenizer.model", int(tcfg.get("vocab_size", 28_000)),
+        model_type=tcfg.get("model_type", "unigram"), character_coverage=float(tcfg.get("character_coverage", 0.9995)),
+        max_sentences=int(tcfg.get("max_sentences", 2_000_000)), seed=int(tcfg.get("seed", 42)),
+        num_threads=int(tcfg.get("num_threads", 1)), hard_vocab_limit=bool(tcfg.get("hard_vocab_limit", True)))
+
+
+def given_tokenizer(cfg: Mapping[str, Any], out: Path) -> Tokenizer:
+    """The pretraining tokenizer a derived dataset (sft) must reuse: cfg.tokenizer.path is required."""
+    if not (cfg.get("tokenizer") or {}).get("path"):
+        raise ConfigError(f"data '{cfg['name']}': tokenizer.path is required (the pretraining tokenizer)")
+    return dataset_tokenizer(cfg, out, lambda: [])

@@ -25,7 +25,7 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
         self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
 
@@ -33,9 +33,9 @@ class SelfAttention(nn.Module):
         """x [B, T, d_model]; cos/sin [T, D] for this chunk's absolute positions, or [B, 1, T, D] when
         the sequences of a padded batch have their own RoPE bases (docs/method.md §1)."""
         b, t, _ = x.shape
-        q = apply_rope(self._heads(self.q_proj(x)), cos, sin)
-        k = apply_rope(self._heads(self.k_proj(x)), cos, sin)
-        v = self._heads(self.v_proj(x))
+        q = apply_rope(self.split_heads(self.q_proj(x)), cos, sin)
+        k = apply_rope(self.split_heads(self.k_proj(x)), cos, sin)
+        v = self.split_heads(self.v_proj(x))
         if cache is None:
             out = self.parallel_attention(q, k, v)
         else:

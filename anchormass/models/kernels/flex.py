@@ -24,7 +24,7 @@ from anchormass.models.kernels.layout import global_slots
 # One compiled graph per sequence length. Evaluation runs many lengths; past the recompile
 # limit dynamo would fall back to eager flex, which materialises the whole score matrix.
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-_flex = torch.compile(flex_attention, dynamic=False)
+compiled_flex = torch.compile(flex_attention, dynamic=False)
 
 # (kind, length, layout numbers, device) -> BlockMask. Bounded: an evaluation sweeps many lengths.
 _BLOCK_MASKS: OrderedDict[tuple, BlockMask] = OrderedDict()
@@ -90,7 +90,7 @@ class FlexKernel:
     def __init__(self, cfg: ModelConfig, compiled: bool = True):
         self.cfg = cfg
         self.compiled = compiled
-        self._attend = _flex if compiled else flex_attention
+        self._attend = compiled_flex if compiled else flex_attention
 
     @staticmethod
     def _check_trainable(q: torch.Tensor) -> None:

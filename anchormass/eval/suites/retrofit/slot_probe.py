@@ -55,8 +55,8 @@ def layer_qkv(model, recorded) -> list[LayerQKV]:
     out = []
     for block, (x, cos, sin) in zip(model.blocks, recorded):
         attn = block.attn
-        out.append(LayerQKV(apply_rope(attn._heads(attn.q_proj(x)), cos, sin),
-                            apply_rope(attn._heads(attn.k_proj(x)), cos, sin), attn._heads(attn.v_proj(x))))
+        out.append(LayerQKV(apply_rope(attn.split_heads(attn.q_proj(x)), cos, sin),
+                            apply_rope(attn.split_heads(attn.k_proj(x)), cos, sin), attn.split_heads(attn.v_proj(x))))
     return out
 
 
