@@ -114,12 +114,14 @@ def composed_variants(argv: list[str]) -> list[list[str]]:
 
 
 @exit_on_error
-def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -> None:
+def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -> list:
     """Compose the config the way Hydra will, before Hydra creates any folder or log, and turn
     what it would report over several lines (exit 1) into one line (exit 2): an unknown key
     (`stage.totl_steps=5`), an unknown choice in one of Hydra's own groups
     (`hydra/launcher=submitit_locl`). `check(cfg)` then runs the entry point's typed checks on
-    every composed variant, so `stage.val_every=0` is refused before a run folder exists."""
+    every composed variant, so `stage.val_every=0` is refused before a run folder exists.
+    Returns the composed variants (with their `hydra` node; one for a plain run, none when a
+    Hydra flag such as --cfg asks for something else), so no caller composes them again."""
     import difflib
 
     from hydra import compose, initialize_config_dir
@@ -129,7 +131,7 @@ def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -
     from anchormass.errors import ConfigError
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return  # Hydra's own flags (--cfg job, --config-name x, --help): another config, or nothing runs
+        return []  # Hydra's own flags (--cfg job, --config-name x, --help): another config, or nothing runs
     try:
         variants = composed_variants(argv)
     except OverrideParseException as err:
@@ -137,6 +139,7 @@ def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -
     if len(variants) > 1 and not any(a in ("-m", "--multirun") for a in argv):
         sweep = next(a for a in argv if a not in variants[0])
         raise ConfigError(f"{sweep} lists several values: add -m to sweep over them, or write one value")
+    composed = []
     for overrides in variants:
         try:
             with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
@@ -160,6 +163,8 @@ def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -
             raise ConfigError(f"unknown key {written}; {hint}a new key needs a leading +: +{written}=...") from None
         if check is not None:
             check(cfg)
+        composed.append(cfg)
+    return composed
 
 
 def cfg_without(config_dir, config_name: str, overrides: list[str], key: str):

@@ -29,7 +29,6 @@ LAYERS = {
     "inference": 6,                          # prefill + the one decode loop, over model and cache
     "training": 7,                           # Lightning module, optimiser, runs, checkpoints
     "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
-    "launch_checks": 8,                      # train's checks before the run folder (reads training's settings)
     "eval": 9,                               # evaluation suites (may drive anything below)
     "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
     "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top

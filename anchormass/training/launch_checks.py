@@ -1,7 +1,7 @@
 """What train.py checks on the composed config before Hydra creates the run folder (.hydra/,
 train.log): a run refused for its settings, its machine or its inputs leaves nothing behind.
 
-Each check raises a one-line AnchorMassError naming the key the user wrote; train.py passes
+Each check raises a one-line AnchorMassError naming the key the user wrote; launch.py passes
 `check_train_launch` to cli.check_overrides, which runs it on every variant of a sweep.
 """
 
