@@ -10,18 +10,14 @@ go to <out> (default outputs/bench/data); bench_data.json and bench_data.md land
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from anchormass.cli import exit_on_error  # noqa: E402
-from anchormass.errors import ConfigError  # noqa: E402
-from anchormass.utils import atomic_write_json, atomic_write_text, resolve_path  # noqa: E402
+from anchormass.cli import exit_on_error
+from anchormass.errors import ConfigError
+from anchormass.utils import resolve_path
 
 ConfigStore.instance().store(name="bench_data", node={
     "min_mb": 100, "workers": [1, 2], "out": "outputs/bench/data",
@@ -39,14 +35,10 @@ def run(cfg: DictConfig) -> None:
                           f"{cfg.workers!r}") from None
     if min_mb <= 0 or not workers or min(workers) < 1:
         raise ConfigError("min_mb must be > 0 and workers a non-empty list of numbers >= 1 (e.g. workers=[1,2])")
-    from anchormass.bench.data_prep import render, run_all
+    from anchormass.bench.data_prep import bench_data_prep
 
     out = resolve_path(cfg.out)
-    result = run_all(out / "scratch", min_mb, workers)
-    text = render(result)
-    atomic_write_json(out / "bench_data.json", result, indent=2)
-    atomic_write_text(out / "bench_data.md", text + "\n")
-    print(text)
+    print(bench_data_prep(out, min_mb, workers))
     print(json.dumps({"json": str(out / "bench_data.json")}))
 
 

@@ -4,12 +4,7 @@ The same command as `anchormass-export` once the package is installed; the code 
 anchormass/commands/export_hf.py.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from anchormass.commands.export_hf import cli  # noqa: E402
+from anchormass.commands.export_hf import cli
 
 if __name__ == "__main__":
     cli()

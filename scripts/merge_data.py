@@ -10,17 +10,13 @@ one i per machine; each writes data/<name>.shard-i-of-K) merges into the very fi
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from anchormass.cli import exit_on_error  # noqa: E402
-from anchormass.errors import ConfigError  # noqa: E402
+from anchormass.cli import exit_on_error
+from anchormass.errors import ConfigError
 
 ConfigStore.instance().store(name="merge_data", node={
     "shards": None, "out_dir": None,

@@ -190,10 +190,11 @@ def test_convert_checkpoint_needs_trust_and_makes_an_old_checkpoint_safe(data, t
     script = [sys.executable, str(REPO / "scripts" / "convert_checkpoint.py")]
     assert "UNPICKLES" in " ".join(run_cli([*script, "--help"]).stdout.split())
     before = path.read_bytes()
-    refused = run_cli([*script, str(path)])  # no --trust: nothing is read
-    assert refused.returncode == 2 and "--trust" in refused.stderr and path.read_bytes() == before
+    refused = run_cli([*script, f"out={path}"])  # no trust=: nothing is read
+    assert refused.returncode == 2 and "trust=<file> is required" in refused.stderr and path.read_bytes() == before
+    assert refused.stderr.count("\n") == 1
 
-    done = subprocess.run([*script, "--trust", str(path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*script, f"trust={path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "DictConfig" in done.stdout and "numpy.ndarray" in done.stdout and "PosixPath" in done.stdout
     new = read_checkpoint(path)  # the safe reader, content checksum verified

@@ -17,15 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_dry_run_prints_every_row_and_continues_past_a_failure(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--inject-failure", "decode",
-                           "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "dry_run=true", "inject_failure=decode",
+                           f"out={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the injected failure makes the run fail, at the end
     assert "decode FAILED: RuntimeError: failure injected" in proc.stderr
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     sections = [r[0] for r in rows]
     for section in ("tests", "flex vs SDPA", "prefill", "peak memory", "train", "ratio"):
         assert section in sections, section
-    assert ["decode", "-", "FAILED", "RuntimeError: failure injected by --inject-failure"] in rows
+    assert ["decode", "-", "FAILED", "RuntimeError: failure injected by inject_failure="] in rows
     assert sections.index("decode") < sections.index("peak memory")  # the items after the failure still ran
     assert all(r[2] == "PASS" for r in rows if r[0] == "flex vs SDPA")
     ratio_rows = {r[1]: r for r in rows if r[0] == "ratio"}
@@ -79,3 +79,10 @@ def test_no_cuda_is_one_line_error():
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "no CUDA device" in proc.stderr
+
+
+def test_options_are_key_value_and_an_unknown_one_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "anchormass.bench.gpu_check", "dry_rn=true"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown key dry_rn")
+    assert proc.stderr.count("\n") == 1

@@ -267,8 +267,7 @@ def test_train_py_disk_full_at_a_checkpoint_is_one_line(data, tmp_path):
 DATASET_DISK_FULL = """
 import builtins
 import anchormass.data.token_file as token_file
-sys.path.insert(0, {tests!r})
-from test_integrity import FullDiskFile
+from test_integrity import FullDiskFile  # tests/ is on the subprocess's PYTHONPATH (subprocess_env)
 token_file.open = lambda *a, **k: FullDiskFile(builtins.open(*a, **k), 20000)
 """
 
@@ -277,7 +276,7 @@ def test_prepare_data_disk_full_is_one_line_and_keeps_the_old_dataset(data, tmp_
     out = tmp_path / "demo"
     shutil.copytree(data["pretrain"], out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    patch = DATASET_DISK_FULL.format(tests=str(REPO / "tests"))
+    patch = DATASET_DISK_FULL
     proc = run_cli([sys.executable, "-c", PATCH_THEN_RUN.format(patch=patch),
                     str(REPO / "scripts" / "prepare_data.py"), "data=demo", f"data.out_dir={out}",
                     "data.source.params.n_docs=20", "data.tokenizer.vocab_size=400"])

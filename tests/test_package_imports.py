@@ -1,13 +1,14 @@
 """Rules over the whole `anchormass` package, read from the source (ast; nothing is executed):
 no file uses a name private to another file, no two modules import each other (a cycle, through
-however many modules), and data/__init__.py's map of the data pipeline names every module of it."""
+however many modules), no entry point edits sys.path or takes options another way than key=value,
+and data/__init__.py's map of the data pipeline names every module of it."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from _import_rules import import_cycles, import_graph, private_attribute_crossings, private_name_imports
+from _import_rules import import_cycles, import_graph, parse, private_attribute_crossings, private_name_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = sorted((ROOT / "anchormass").rglob("*.py"))
@@ -27,6 +28,27 @@ def test_no_file_reaches_into_another_files_private_attributes():
 def test_no_import_cycle_among_the_packages_modules():
     cycles = import_cycles(import_graph(PACKAGE, ROOT))
     assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def sys_path_edits_and_argparse(paths: list[Path], root: Path) -> list[str]:
+    """One line per `sys.path` change (the package is installed: `make setup`) and per import of
+    argparse (options are key=value, Hydra's style, in every entry point)."""
+    problems = []
+    for path in paths:
+        for node in ast.walk(parse(path)):
+            if (isinstance(node, ast.Attribute) and node.attr in ("insert", "append", "extend")
+                    and ast.unparse(node.value) == "sys.path"):
+                problems.append(f"{path.relative_to(root)}:{node.lineno}: sys.path.{node.attr}")
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "argparse" in names:
+                problems.append(f"{path.relative_to(root)}:{node.lineno}: argparse")
+    return problems
+
+
+def test_no_sys_path_edits_and_one_option_style():
+    problems = sys_path_edits_and_argparse(PACKAGE + ENTRY_POINTS, ROOT)
+    assert not problems, "\n".join(problems)
 
 
 def test_the_data_packages_docstring_names_each_of_its_modules():
@@ -63,6 +85,14 @@ def test_the_checks_catch_planted_private_uses(tmp_path):
         "anchormass/bench/probe.py:2: report._table (private to anchormass/bench/report.py)",
         "anchormass/eval/slot.py:2: attn._heads (private to anchormass/models/attn.py)",
     ]
+
+
+def test_the_entry_point_check_catches_a_path_edit_and_argparse(tmp_path):
+    paths = _tree(tmp_path, {"scripts/a.py": "import sys\nsys.path.insert(0, '..')\n",
+                             "scripts/b.py": "def main():\n    import argparse\n",
+                             "scripts/c.py": "import sys\nprint(sys.path)\n"})
+    assert sys_path_edits_and_argparse(paths, tmp_path) == ["scripts/a.py:2: sys.path.insert",
+                                                            "scripts/b.py:2: argparse"]
 
 
 def test_the_cycle_check_catches_a_planted_cycle_and_ignores_lazy_imports(tmp_path):

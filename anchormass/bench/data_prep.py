@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from anchormass.errors import DataError
-from anchormass.utils import REPO_ROOT
+from anchormass.utils import REPO_ROOT, atomic_write_json, atomic_write_text
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 AOZORA = SHARED / "aozora" / "wagahai_wa_neko_de_aru.txt"
@@ -138,6 +138,16 @@ def render(result: dict) -> str:
                      f"{p['main_mib']} / {p['largest_worker_mib']} / {p['total_mib']} |")
     lines.append(f"files byte-identical across runs: {result['files_identical']}")
     return "\n".join(lines)
+
+
+def bench_data_prep(out: Path, min_mb: float, workers: tuple[int, ...]) -> str:
+    """scripts/bench_data.py: the runs over a scratch corpus in out/scratch, their table written to
+    out/bench_data.md and the numbers to out/bench_data.json; returns the table."""
+    result = run_all(out / "scratch", min_mb, workers)
+    text = render(result)
+    atomic_write_json(out / "bench_data.json", result, indent=2)
+    atomic_write_text(out / "bench_data.md", text + "\n")
+    return text
 
 
 if __name__ == "__main__":  # one run, in its own process: python -m anchormass.bench.data_prep <folder> <tok> <n>

@@ -1,7 +1,11 @@
 """The GPU acceptance run behind scripts/gpu_check.sh: the CUDA tests, then one table.
 
-    python -m anchormass.bench.gpu_check              # one H100/H200, <= 8 minutes
-    python -m anchormass.bench.gpu_check --dry-run    # CPU, tiny models: the run's own logic
+    python -m anchormass.bench.gpu_check                 # one H100/H200, <= 8 minutes
+    python -m anchormass.bench.gpu_check dry_run=true    # CPU, tiny models: the run's own logic
+
+Options (key=value, like every entry point): dry_run=true, budget_s=<s> (start no new item after
+this; default 450, dry 900), out=<dir> (table.md and rows.json; default outputs/gpu_check),
+inject_failure=<item> (make the named item fail: tests the reporting).
 
 Items, in order (each one that fails prints what and why, and the run goes on to the next):
   tests    pytest -m cuda; the kernel comparisons and training steps they record become rows
@@ -14,7 +18,6 @@ A time budget stops starting new items once spent; SIGTERM prints the table gath
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -26,12 +29,16 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hydra
 import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
 from anchormass.bench import targets
 from anchormass.bench.report import markdown_table
+from anchormass.cli import check_overrides, exit_on_error
 from anchormass.errors import ConfigError
-from anchormass.utils import REPO_ROOT, atomic_write_json, atomic_write_text
+from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, atomic_write_text
 
 K = 1024
 GiB, MiB = 2**30, 2**20
@@ -105,7 +112,7 @@ class Run:
         start = time.perf_counter()
         try:
             if self.inject == name:
-                raise RuntimeError("failure injected by --inject-failure")
+                raise RuntimeError("failure injected by inject_failure=")
             fn()
         except TimeUp:
             self.add(name, "-", "STOPPED", "terminated (time limit) while running")
@@ -255,26 +262,20 @@ class Run:
         return "\n".join([head, "", *markdown_table(["section", "item", "result", "detail"], self.rows)]) + "\n"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, like every other bad input
-        raise ConfigError(f"{self.prog}: {message}")
+# The options' defaults; no run folder, no log file (as scripts/merge_data.py).
+ConfigStore.instance().store(name="gpu_check", node={
+    "dry_run": False, "budget_s": None, "out": None, "inject_failure": None,
+    "defaults": [{"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}, "_self_"],
+    "hydra": {"output_subdir": None, "run": {"dir": "."}},
+})
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = _Parser(prog="gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny models: exercise the run's own logic")
-    p.add_argument("--budget-s", type=float, default=None, help="start no new item after this (default 450; dry 900)")
-    p.add_argument("--out", default=None, help="folder for table.md and rows.json (default outputs/gpu_check)")
-    p.add_argument("--inject-failure", default=None, help="make the named item fail (tests the reporting)")
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run_check(args: DictConfig) -> int:
+    """The whole run with the given options; the exit status (1 when an item failed, was skipped or stopped)."""
     sizes = DRY if args.dry_run else FULL
     if sizes.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("gpu_check: no CUDA device; use --dry-run on a CPU machine")
-    run = Run(sizes, args.budget_s if args.budget_s is not None else (900.0 if args.dry_run else 450.0),
+        raise ConfigError("gpu_check: no CUDA device; use dry_run=true on a CPU machine")
+    run = Run(sizes, float(args.budget_s) if args.budget_s is not None else (900.0 if args.dry_run else 450.0),
               args.inject_failure)
 
     def stop(signum, frame):
@@ -294,7 +295,11 @@ def main(argv=None) -> int:
     return 1 if any(r[2] in ("FAILED", "STOPPED", "SKIPPED") for r in run.rows) else 0
 
 
-if __name__ == "__main__":
-    from anchormass.cli import exit_on_error
+@hydra.main(version_base="1.3", config_path=None, config_name="gpu_check")
+def main(args: DictConfig) -> None:
+    sys.exit(exit_on_error(run_check)(args))
 
-    sys.exit(exit_on_error(main)())
+
+if __name__ == "__main__":
+    check_overrides(CONFIG_ROOT, "gpu_check", sys.argv[1:])  # an unknown option: one line, exit 2
+    main()

@@ -3,7 +3,7 @@
 Checkpoints written by earlier versions of the project may hold a `DictConfig`, a `Path` or numpy
 values in their hyper-parameters, loop or callback state; `safe_torch_load` refuses them. This
 reads such a file with the full unpickler (it runs whatever the file asks for: only for a file
-the person vouches for, `scripts/convert_checkpoint.py --trust <file>`), replaces those objects
+the person vouches for, `scripts/convert_checkpoint.py trust=<file>`), replaces those objects
 by their plain equivalents and writes the result atomically, checked by the safe reader before it
 replaces anything.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from anchormass.errors import CheckpointError
+from anchormass.errors import CheckpointError, ConfigError
 from anchormass.training.checkpoint import CHECKSUM_KEY, atomic_torch_save, verify_checksum
 from anchormass.training.safe_load import UnsafeCheckpoint, safe_torch_load
 
@@ -57,7 +57,7 @@ def convert_trusted(path: str | os.PathLike, out: str | os.PathLike | None = Non
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        raw = torch.load(path, map_location="cpu", weights_only=False)  # --trust: the person vouches for it
+        raw = torch.load(path, map_location="cpu", weights_only=False)  # trust=: the person vouches for it
     except Exception as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from None
     if isinstance(raw, dict) and CHECKSUM_KEY in raw:
@@ -76,3 +76,14 @@ def convert_trusted(path: str | os.PathLike, out: str | os.PathLike | None = Non
                               f"here; nothing was written") from None
     os.replace(staged, out)
     return replaced
+
+
+def convert_command(trust: str | None, out: str | None = None) -> None:
+    """scripts/convert_checkpoint.py: convert the file named with trust= and say what was replaced."""
+    if not trust:
+        raise ConfigError("trust=<file> is required: the checkpoint you trust to unpickle "
+                          "(python scripts/convert_checkpoint.py trust=<file> [out=<file>])")
+    trust, out = Path(str(trust)), Path(str(out)) if out else None
+    replaced = convert_trusted(trust, out)
+    what = ", ".join(f"{n} {kind}" for kind, n in sorted(replaced.items())) or "nothing to replace"
+    print(f"converted {trust} -> {out or trust} ({what})")

@@ -9,7 +9,7 @@ restore (AtomicCheckpointIO.load_checkpoint, fit(weights_only=True)) all come he
 
 A refused file is `UnsafeCheckpoint`, one line naming the first global it holds. Checkpoints
 written by earlier versions of the project that hold such objects are converted, by a person
-who trusts them, with `scripts/convert_checkpoint.py --trust <file>`: never silently.
+who trusts them, with `scripts/convert_checkpoint.py trust=<file>`: never silently.
 """
 
 from __future__ import annotations
