@@ -7,7 +7,7 @@ data/<name>. Each must be one plain path component, so `../../x` in a recipe or 
 make the project write (or replace a folder) outside those roots. A data config's relative
 `out_dir` must lie under data/; an absolute one is a choice made on purpose (`data.out_dir=/tmp/x`)
 and is kept, but without `..`; prepare_data then only creates it or replaces a prepared dataset
-folder there (data/prepare.py build_folder).
+folder there (data/staged_folder.py build_folder).
 """
 
 from __future__ import annotations
