@@ -1,6 +1,7 @@
 # Two commands do all the set-up: `make demo` (the main job) and `make test` (the suite).
 # Each creates .venv on first use and reinstalls only when requirements.txt or pyproject.toml
-# changed since the last install (the stamp file records that install).
+# changed since the last install (the stamp file records that install). The suite runs on two
+# pytest-xdist workers (CI has 2 cores; the tests' training runs use one thread each).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -14,7 +15,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 $(ARGS)
 
 setup: $(STAMP)
 

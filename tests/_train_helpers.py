@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -21,11 +22,22 @@ _PREPARED: dict[str, Path] = {}
 FAST = ["stage.seq_len=64", "stage.total_steps=2", "stage.global_batch_size=2", "stage.micro_batch_size=2",
         "stage.warmup_steps=1", "stage.val_every=2", "stage.val_batches=1", "stage.ckpt_every=2",
         "stage.datamodule.num_workers=0", "logger=none", "trainer.enable_progress_bar=false", "torch_threads=1"]
+# The run every kill / stop / resume test compares against (conftest.py's `reference`, trained once):
+# 6 optimizer steps of 2 micro-batches (a stop can land mid-accumulation), validation and periodic
+# checkpoints every 2 steps, one CSV row per step.
+REFERENCE = ["model=anchormass_tiny", *FAST, "stage.total_steps=6", "stage.global_batch_size=4",
+             "stage.micro_batch_size=2", "stage.val_every=2", "stage.ckpt_every=2", "logger=csv",
+             "trainer.log_every_n_steps=1"]
 
 
 def tiny_datasets(base: Path) -> dict[str, Path]:
-    """Prepare (once per test session) a small demo corpus, a chat SFT set and a long-context set."""
+    """Prepare (once per test session) a small demo corpus, a chat SFT set and a long-context set;
+    folders another test worker prepared under `base` already are used as they are."""
     if _PREPARED:
+        return _PREPARED
+    pre, chat, longctx = base / "demo", base / "demo_chat", base / "longctx"
+    if all((d / "meta.json").is_file() for d in (pre, chat, longctx)):
+        _PREPARED.update(pretrain=pre, chat=chat, longctx=longctx)
         return _PREPARED
     from anchormass.data.prepare import prepare
 
@@ -33,14 +45,11 @@ def tiny_datasets(base: Path) -> dict[str, Path]:
         cfg = OmegaConf.merge(OmegaConf.load(REPO / "configs" / "data" / f"{name}.yaml"), changes)
         return OmegaConf.to_container(cfg, resolve=True)
 
-    pre = base / "demo"
     prepare(load("demo", out_dir=str(pre), source={"params": {"n_docs": 30, "min_sentences": 40,
                                                                "max_sentences": 80}},
                  tokenizer={"vocab_size": 400}))
-    chat = base / "demo_chat"
     prepare(load("demo_chat", out_dir=str(chat), source={"params": {"n": 120}},
                  tokenizer={"path": str(pre / "tokenizer.model")}))
-    longctx = base / "longctx"
     prepare(load("demo_longctx", out_dir=str(longctx),
                  longctx={"source_dir": str(pre), "length": 257, "n_facts": 2, "n_train": 16, "n_val": 4}))
     _PREPARED.update(pretrain=pre, chat=chat, longctx=longctx)
@@ -85,6 +94,17 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-3000:]  # progress bars may come before
     return errors[0]
+
+
+# Columns whose values are wall-clock measurements, not results.
+TIMING = ("perf/tokens_per_s",)
+
+
+def csv_rows(out: Path) -> list[tuple]:
+    """A run's metrics.csv as (step, sorted non-empty result columns) rows, in file order."""
+    with open(out / "logs" / "metrics.csv", newline="") as fh:
+        return [(int(row["step"]), tuple(sorted((k, v) for k, v in row.items() if v and k not in TIMING)))
+                for row in csv.DictReader(fh)]
 
 
 def model_params(ckpt_path: Path) -> dict[str, torch.Tensor]:

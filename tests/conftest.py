@@ -1,10 +1,12 @@
 """Suite-wide test settings."""
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 # Tests never touch the network: wandb stays offline, hub libraries read only local caches.
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -39,9 +41,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@contextmanager
+def shared_folder(tmp_path_factory, name: str):
+    """A folder of this test session that every pytest-xdist worker shares (each worker has its own
+    base folder; their parent is the session's), held under a lock while the caller fills it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    with FileLock(str(base / f"{name}.lock")):
+        yield base / name
+
+
 @pytest.fixture(scope="session")
 def data(tmp_path_factory):
     """The tiny prepared datasets the training tests share (demo corpus, chat SFT, long context)."""
     from _train_helpers import tiny_datasets
 
-    return tiny_datasets(tmp_path_factory.getbasetemp() / "train_data")
+    with shared_folder(tmp_path_factory, "train_data") as base:
+        return tiny_datasets(base)
+
+
+@pytest.fixture(scope="session")
+def reference(data, tmp_path_factory) -> Path:
+    """The uninterrupted run (_train_helpers.REFERENCE) that the kill / stop / resume tests compare
+    their resumed runs with, trained once per test session: its run folder."""
+    from anchormass.training.run import finished_run, train
+
+    from _train_helpers import REFERENCE, compose_train
+
+    with shared_folder(tmp_path_factory, "reference") as out:
+        if not finished_run(out):
+            train(compose_train([*REFERENCE, f"data_dir={data['pretrain']}"], out))
+        return out

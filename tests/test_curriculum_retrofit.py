@@ -1,23 +1,25 @@
 """The retrofit study (curriculum=retrofit, docs/method.md §6 j): a stage may start from another
 model's stage (checked like every chain, one line per error), per-stage model overrides make a
-compression schedule, chains wait only for their own parents, and the study runs end to end with
-tiny steps (slow); its pooled table is checked on synthetic per-seed results."""
+compression schedule, chains wait only for their own parents; the study's plan and closing comparison
+are checked on its recipe, its pooled table and plots on synthetic per-seed results. The runner runs
+end to end in tests/test_curriculum_end_to_end.py."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from anchormass.curriculum.closing import report_jobs
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.recipe import load_recipe
 from anchormass.errors import ConfigError
+from anchormass.eval.aggregate import write_aggregate
 from anchormass.eval.suites.retrofit.cells import chain_folders, learning_curve
 from anchormass.eval.suites.retrofit.pool import pool_seeds
 from anchormass.training.run import finished_run
 
-from _train_helpers import REPO, subprocess_env
+from _train_helpers import CONFIG_DIR
 from test_train_curriculum import load_curriculum, planned_runs
 
 STAGES = {"pre": {"stage": "pretrain_1k", "init_from": None, "data": "demo", "set": {"seq_len": 64}},
@@ -147,31 +149,36 @@ def test_pooled_table_pairs_seeds_and_trials_and_names_an_unlearned_control():
     assert "(control did not learn)" in pool_seeds([weak], [0])["markdown"]
 
 
-@pytest.mark.slow
-def test_the_study_runs_end_to_end_with_tiny_steps(tmp_path):
-    models = ("curriculum.models=[{name: standard_tiny_h8, model: standard_tiny_h8, stages: [pretrain_1k, warmup_4k,"
-              " longctx_8k, longctx_16k, longctx_32k]},{name: tiny_g1, model: anchormass_tiny_h8,"
-              " overrides: ['model.group_size=1'], stages: [retro_8k, retro_16k, retro_32k],"
-              " init_from: {retro_8k: standard_tiny_h8/longctx_32k}},{name: tiny_schedule, model: anchormass_tiny_h8,"
-              " stages: [retro_8k, retro_16k, retro_32k], init_from: {retro_8k: standard_tiny_h8/longctx_32k},"
-              " stage_overrides: {retro_8k: ['model.group_size=2']}}]")
-    cmd = [sys.executable, str(REPO / "scripts" / "run_curriculum.py"), f"runs_root={tmp_path}", "curriculum=retrofit",
-           models, "curriculum.evaluate.retrofit.pair=[standard_tiny_h8,tiny_g1/retro_32k]", "curriculum.seeds=[0]",
-           "curriculum.eval_overrides=['eval.retrofit.lengths=[256,512]','eval.retrofit.trained_length=256',"
-           "'eval.retrofit.depths=[0.5]','eval.retrofit.seeds=[0,1]']",
-           "stage.total_steps=2", "stage.val_every=1", "stage.val_batches=1", "stage.ckpt_every=1",
-           "stage.warmup_steps=1", "stage.global_batch_size=2", "stage.micro_batch_size=2"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_the_study_scores_every_seed_from_its_standard_and_pools_the_seeds(tmp_path):
+    """Its closing comparison: model A is each seed's Standard at its last stage, model B a retrofit
+    cell at its own last stage (`<model>/<stage>`); every cell the suite scores is a run of the plan."""
+    recipe = load_curriculum("retrofit")
+    runs = planned_runs(recipe, tmp_path)
     root = tmp_path / "retrofit"
-    res = json.loads((root / "report" / "retrofit" / "seed0" / "results.json").read_text())["suites"]["retrofit"]
-    assert res["labels"] == ["standard_tiny_h8", "tiny_g1", "tiny_schedule"]
-    assert res["models"]["tiny_g1"]["group_size"] == 1 and res["models"]["tiny_schedule"]["group_size"] == 8
-    assert "faithful_g8" in res["left_out"]
-    assert [p["stage"] for p in res["curves"]["tiny_g1"]] == ["retro_8k"] * 2 + ["retro_16k"] * 2 + ["retro_32k"] * 2
-    nbytes = res["stored_bytes"]
-    assert nbytes["tiny_schedule"] < nbytes["tiny_g1"] < nbytes["standard_tiny_h8"]
-    pooled = (root / "report" / "retrofit" / "report.md").read_text()
+    jobs = report_jobs(recipe, runs, root)
+    assert [(j.name, j.seed, j.a.model, j.a.stage, j.b.model, j.b.stage) for j in jobs] == [
+        ("retrofit", s, "standard_faithful", "longctx_32k", "faithful_g8", "retro_32k") for s in recipe.seeds]
+    assert all(j.out_dir == root / "report" / "retrofit" / f"seed{j.seed}" and "suite=retrofit" in j.overrides
+               for j in jobs)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cells = compose("evaluate", overrides=["eval=retrofit"]).eval.retrofit.cells
+    planned = {f"{r.model}/{r.stage}" for r in runs if r.seed == 0}
+    assert [c.run for c in cells if c.run not in planned] == []  # the suite finds each cell's folder
+
+
+def test_the_pooled_report_and_its_plots_through_the_aggregate(tmp_path):
+    """The path the runner takes (anchormass/eval/aggregate.py:write_aggregate -> pool.py)."""
+    full, none = {L: 5 for L in (512, 1024, 2048)}, {L: 0 for L in (512, 1024, 2048)}
+    paths = []
+    for seed, labels in enumerate([["std", "g1", "g8"], ["std", "g1"]]):
+        path = tmp_path / f"seed{seed}" / "results.json"
+        path.parent.mkdir()
+        weak = {512: 5, 1024: 1, 2048: 5}  # the control misses at a trained length under seed 1
+        path.write_text(json.dumps({"suites": {"retrofit": _result(
+            labels, {"std": full if seed == 0 else weak, "g1": full, "g8": none})}}))
+        paths.append(path)
+    out = write_aggregate(paths, [0, 1], tmp_path / "retrofit")
+    pooled = (out / "report.md").read_text()
     assert "Recall against compression, retrofit route" in pooled and "(control did not learn)" in pooled
     for png in ("retrofit_frontier.png", "retrofit_g8_vs_heads.png", "retrofit_curves.png"):
-        assert (root / "report" / "retrofit" / png).stat().st_size > 0
+        assert (out / png).stat().st_size > 0, png

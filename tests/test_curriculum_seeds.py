@@ -1,4 +1,5 @@
-"""Curricula with several training seeds, model variants and per-entry comparison pairs (plan level)."""
+"""Curricula with several training seeds, model variants and per-entry comparison pairs (plan level;
+run end to end in tests/test_curriculum_end_to_end.py)."""
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -116,46 +117,6 @@ def test_evaluate_without_seeds_keeps_the_report_folder(tmp_path):
 def test_bad_evaluate_entries_are_one_line_errors(models, entry, match):
     with pytest.raises(ConfigError, match=match):
         curriculum(models=models, evaluate=[entry])
-
-
-@pytest.mark.slow
-def test_tiny_curriculum_with_seeds_and_a_variant_end_to_end(tmp_path):
-    """Two seeds x (a preset, a variant of it) x one 2-step stage, then the comparison per seed
-    and its aggregate; the console shows a seed column and every report path."""
-    import json
-    import subprocess
-
-    from _train_helpers import REPO, subprocess_env
-    from test_train_curriculum import curriculum_cmd, tiny_curriculum
-
-    variant = {"name": "am_wd0", "model": "anchormass_tiny", "overrides": ["optim.weight_decay=0.0"]}
-    cur = tiny_curriculum(tmp_path, ["anchormass_tiny", variant], [("pretrain_1k", None, 32)], parallel=2, evaluate=[
-        {"name": "cmp", "stage": "pretrain_1k",
-         "overrides": ["suite=[ppl]", "eval=cpu_tiny", "eval.ppl.contexts=[0,16]", "eval.ppl.target_len=16",
-                       "eval.ppl.n_anchors=2", f"data_dir={tmp_path / 'data' / 'demo'}", "device=cpu"]}])
-    proc = subprocess.run([*curriculum_cmd(tmp_path, cur), "curriculum.seeds=[0,1]"], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    root = tmp_path / "runs" / "t"
-    for seed in (0, 1):
-        for model in ("anchormass_tiny", "am_wd0"):
-            args = (root / f"seed{seed}" / model / "pretrain_1k" / "train.log").read_text()
-            assert f"seed={seed}" in args and ("optim.weight_decay=0.0" in args) == (model == "am_wd0")
-        assert (root / "report" / "cmp" / f"seed{seed}" / "report.md").is_file()
-    agg = json.loads((root / "report" / "cmp" / "results.json").read_text())
-    stats = agg["suites"]["ppl"]["json"]["summary"]
-    assert agg["seeds"] == [0, 1] and stats and all(s["n"] == 2 for s in stats.values())
-    report = (root / "report" / "cmp" / "report.md").read_text()
-    assert "seed0/report.md" in report and "## ppl" in report
-    assert "- anchormass_tiny (ckpt, A) vs am_wd0 (compare_ckpt, B) at stage pretrain_1k" in report
-    summary = json.loads((root / "curriculum.json").read_text())
-    assert summary["seeds"] == [0, 1]
-    assert sorted((s["seed"], s["model"]) for s in summary["stages"]) == [
-        (0, "am_wd0"), (0, "anchormass_tiny"), (1, "am_wd0"), (1, "anchormass_tiny")]
-    assert f"report: {root / 'report' / 'cmp' / 'report.md'}" in proc.stdout
-    closing = (root / "report" / "report.md").read_text()  # every entry under a heading naming its stage
-    assert "## cmp: anchormass_tiny vs am_wd0, checkpoints of stage pretrain_1k" in closing and "### ppl" in closing
-    assert any(line.split()[:1] == ["seed"] for line in proc.stdout.splitlines())  # the table's seed column
 
 
 def test_a_model_may_train_only_some_stages_and_seeds(tmp_path):

@@ -1,20 +1,16 @@
 """A curriculum's `shared: true` stage: trained once by the first model, the others start their
 next stage from it (across architectures), refused wherever the models are not one function at
-that length or would train it differently; and one tiny run end to end (slow)."""
+that length or would train it differently (run end to end in tests/test_curriculum_end_to_end.py)."""
 
-import json
-import subprocess
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.recipe import load_recipe
 from anchormass.errors import ConfigError
 
-from _train_helpers import REPO, subprocess_env
-from test_train_curriculum import curriculum_cmd, planned_runs, tiny_curriculum
+from test_train_curriculum import planned_runs
 
 STAGES = [{"stage": "pretrain_1k", "init_from": None, "data": "demo", "shared": True,
            "set": {"seq_len": 64, "total_steps": 2}},
@@ -60,29 +56,3 @@ def test_shared_stage_is_planned_once_and_feeds_every_model(tmp_path):
 def test_a_stage_the_models_cannot_share_is_refused(tmp_path, models, stages, message):
     with pytest.raises(ConfigError, match=message):
         planned_runs(curriculum(models, stages), tmp_path, [])
-
-
-@pytest.mark.slow
-def test_shared_stage_end_to_end(tmp_path):
-    """Standard trains the 32-token stage 1 once; AnchorMass starts stage 2 from those weights."""
-    cur = tiny_curriculum(tmp_path, ["standard_tiny", "anchormass_tiny"],
-                          [("pretrain_1k", None, 32), ("warmup_4k", "pretrain_1k", 64)], parallel=2)
-    cur["stages"][0]["shared"] = True
-    OmegaConf.save(cur, tmp_path / "configs" / "curriculum" / "t.yaml")
-    proc = subprocess.run([*curriculum_cmd(tmp_path, cur), "evaluate=false"], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "anchormass_tiny  pretrain_1k  shared: trained once, by standard_tiny" in proc.stdout
-    root = tmp_path / "runs" / "t"
-    assert not (root / "anchormass_tiny" / "pretrain_1k").exists()
-    stage1 = torch.load(root / "standard_tiny" / "pretrain_1k" / "checkpoints" / "last.ckpt", weights_only=False)
-    stage2 = torch.load(root / "anchormass_tiny" / "warmup_4k" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert stage2["hyper_parameters"]["model_config"]["arch"] == "anchormass"
-    assert stage2["hyper_parameters"]["trained_lengths"] == [32, 64]
-    assert f"init_from={root / 'standard_tiny' / 'pretrain_1k' / 'checkpoints' / 'last.ckpt'}" in \
-        (root / "anchormass_tiny" / "warmup_4k" / "train.log").read_text().splitlines()[0]
-    assert stage1["hyper_parameters"]["model_config"]["arch"] == "standard"
-    summary = json.loads((root / "curriculum.json").read_text())["stages"]
-    assert [(s["model"], s["stage"], s["global_step"]) for s in summary] == [
-        ("standard_tiny", "pretrain_1k", 2), ("standard_tiny", "warmup_4k", 2),
-        ("anchormass_tiny", "pretrain_1k", 2), ("anchormass_tiny", "warmup_4k", 2)]

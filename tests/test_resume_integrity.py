@@ -4,7 +4,6 @@ a copied run folder resumes from its newest weights, a changed setting is refuse
 An interrupted run is simulated by a run stopped at step 5 of 6 and resumed from its step-4
 checkpoint: whatever it logged at steps >= 4 came after that checkpoint, as after a kill."""
 
-import csv
 import json
 import shutil
 import struct
@@ -18,12 +17,11 @@ from anchormass.errors import ConfigError
 from anchormass.training.optim import lr_factor
 from anchormass.training.run import train
 
-from _train_helpers import FAST, compose_train, model_params, run_train
+from _train_helpers import FAST, REFERENCE, compose_train, csv_rows, model_params, run_train
 
-SIX = ["stage.total_steps=6", "stage.val_every=2", "stage.ckpt_every=2", "trainer.log_every_n_steps=1"]
+# The shared reference's settings (conftest.py's `reference`, the uninterrupted run), any logger.
+SIX = [s for s in REFERENCE if s != "logger=csv"]
 STOP_AT_5 = ["+callbacks.stop._target_=test_resume_integrity.StopAt", "+callbacks.stop.step=5"]
-# Columns whose values are wall-clock measurements, not results.
-TIMING = ("perf/tokens_per_s",)
 
 
 class StopAt(Callback):
@@ -50,20 +48,14 @@ def interrupted_then_resumed(over: list[str], out: Path, resumes: int = 1) -> di
     return result
 
 
-def csv_rows(out: Path) -> list[tuple]:
-    with open(out / "logs" / "metrics.csv", newline="") as fh:
-        return [(int(row["step"]), tuple(sorted((k, v) for k, v in row.items() if v and k not in TIMING)))
-                for row in csv.DictReader(fh)]
-
-
 # ---------------------------------------------------------------------------- item 2: loggers
-def test_csv_history_is_continued_across_resumes_and_a_finished_run_keeps_its_metrics(data, tmp_path):
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "logger=csv"]
-    full = train(compose_train(over, tmp_path / "full"))
+def test_csv_history_is_continued_across_resumes_and_a_finished_run_keeps_its_metrics(data, reference, tmp_path):
+    over = [f"data_dir={data['pretrain']}", *SIX, "logger=csv"]
+    full = json.loads((reference / "train_result.json").read_text())
     out = tmp_path / "run"
     # Two resumes: the second finds the run finished, trains nothing and must keep everything.
     result = interrupted_then_resumed(over, out, resumes=2)
-    rows, expected = csv_rows(out), csv_rows(tmp_path / "full")
+    rows, expected = csv_rows(out), csv_rows(reference)
     assert [r[0] for r in rows] == [r[0] for r in expected]  # steps 0..5, each once per logged group
     assert rows == expected  # bitwise-exact resume: the same values, no row lost or repeated
     assert result["global_step"] == 6
@@ -81,7 +73,7 @@ def tensorboard_scalars(out: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def test_tensorboard_history_is_continued_across_a_resume(data, tmp_path):
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "logger=tensorboard"]
+    over = [f"data_dir={data['pretrain']}", *SIX, "logger=tensorboard"]
     train(compose_train(over, tmp_path / "full"))
     interrupted_then_resumed(over, tmp_path / "run")
     for tag in ("train/loss", "val/loss"):
@@ -119,7 +111,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_wandb_resumed_segment_continues_the_step_axis(data, tmp_path):
     out = tmp_path / "run"
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "logger=wandb"]
+    over = [f"data_dir={data['pretrain']}", *SIX, "logger=wandb"]
     for extra in (STOP_AT_5, [f"ckpt_path={out / 'checkpoints' / 'step-0000004.ckpt'}"]):
         proc = run_train([*over, *extra], out)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,8 +129,8 @@ def ckpt_names(out: Path) -> list[str]:
     return sorted(p.name for p in (out / "checkpoints").iterdir())
 
 
-def test_a_copied_run_folder_resumes_from_its_newest_checkpoint_without_v_copies(data, tmp_path):
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "callbacks.model_checkpoint.save_top_k=2"]
+def test_a_copied_run_folder_resumes_from_its_newest_checkpoint_without_v_copies(data, reference, tmp_path):
+    over = [f"data_dir={data['pretrain']}", *SIX, "callbacks.model_checkpoint.save_top_k=2"]
     a, b = tmp_path / "a", tmp_path / "b"
     train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt", "+callbacks.stop.step=4"], a))
     assert ckpt_names(a) == ["last.ckpt", "step-0000002.ckpt", "step-0000004.ckpt"]
@@ -149,16 +141,15 @@ def test_a_copied_run_folder_resumes_from_its_newest_checkpoint_without_v_copies
     assert train(compose_train(one, b))["global_step"] == 6
     assert ckpt_names(b) == ["last.ckpt", "step-0000006.ckpt"]  # no last-v1.ckpt, the copy's own rotation
     assert torch.load(b / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
-    # The copy trained exactly what the original would have.
-    train(compose_train([*over, "ckpt_path=last"], a))
-    want, got = model_params(a / "checkpoints" / "last.ckpt"), model_params(b / "checkpoints" / "last.ckpt")
+    # The copy trained exactly what the original would have: the uninterrupted run.
+    want, got = model_params(reference / "checkpoints" / "last.ckpt"), model_params(b / "checkpoints" / "last.ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
 def test_checkpoints_of_a_plain_model_checkpoint_keep_rotating_after_the_change(data, tmp_path):
     """Runs started before FolderCheckpoint: their ModelCheckpoint state (the kept files) restores."""
     out = tmp_path / "run"
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX, "callbacks.model_checkpoint.save_top_k=1"]
+    over = [f"data_dir={data['pretrain']}", *SIX, "callbacks.model_checkpoint.save_top_k=1"]
     plain = ["callbacks.model_checkpoint._target_=lightning.pytorch.callbacks.ModelCheckpoint",
              "~callbacks.model_checkpoint.enable_version_counter"]
     train(compose_train([*over, *plain, "+callbacks.stop._target_=test_resume_integrity.StopAt",
@@ -167,10 +158,9 @@ def test_checkpoints_of_a_plain_model_checkpoint_keep_rotating_after_the_change(
     assert ckpt_names(out) == ["last.ckpt", "step-0000006.ckpt"]  # step 2 rotated out as it would have been
 
 
-def test_resume_point_is_the_highest_recorded_step_not_the_name(data, tmp_path, capsys):
-    over = [f"data_dir={data['pretrain']}", *FAST, *SIX]
-    done = tmp_path / "done"
-    train(compose_train(over, done))
+def test_resume_point_is_the_highest_recorded_step_not_the_name(data, reference, tmp_path, capsys):
+    over = [f"data_dir={data['pretrain']}", *SIX]
+    done = reference  # the same run, finished
     old = tmp_path / "old"
     train(compose_train([*over, "+callbacks.stop._target_=test_resume_integrity.StopAt",
                          "+callbacks.stop.step=2"], old))

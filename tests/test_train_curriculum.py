@@ -1,7 +1,7 @@
-"""The curriculum runner: plan, chaining, resume/skip logic, and one tiny end-to-end run (slow)."""
+"""The curriculum runner: plan, chaining, resume/skip logic; helpers for the tests that run it (the
+one end-to-end run is tests/test_curriculum_end_to_end.py)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +14,7 @@ from anchormass.curriculum.plan import datasets, merge_overrides, plan, stage_ov
 from anchormass.curriculum.recipe import load_recipe
 from anchormass.errors import ConfigError
 
-from _train_helpers import CONFIG_DIR, REPO, subprocess_env
+from _train_helpers import CONFIG_DIR, REPO
 
 
 def tiny_curriculum(tmp_path, models: list, stages: list[tuple], **keys) -> dict:
@@ -150,58 +150,3 @@ def test_bad_curricula_are_rejected(tmp_path):
     bad = load_recipe(OmegaConf.create({"name": "x", "models": ["standard_tiny"], "stages": stages}))
     with pytest.raises(ConfigError, match="not an earlier stage"):
         planned_runs(bad, tmp_path, [])
-
-
-@pytest.mark.slow
-def test_tiny_curriculum_end_to_end(tmp_path):
-    """run_curriculum.py: prepares its data, trains 2 chained stages with a clean console (each
-    stage's whole output in its train.log), a rerun skips them, and a failing stage shows its log's
-    path and tail (one model here: both models' plans are checked above, and each run costs a
-    process start)."""
-    cur = tiny_curriculum(tmp_path, ["anchormass_tiny"], [("pretrain_1k", None, 32), ("warmup_4k", "pretrain_1k", 64)])
-    cmd = [*curriculum_cmd(tmp_path, cur), "evaluate=false"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "t" / "anchormass_tiny"
-    summary = json.loads((tmp_path / "runs" / "t" / "curriculum.json").read_text())
-    assert [(s["model"], s["stage"], s["global_step"]) for s in summary["stages"]] == [
-        ("anchormass_tiny", "pretrain_1k", 2), ("anchormass_tiny", "warmup_4k", 2)]
-    hp = __import__("torch").load(run_dir / "warmup_4k" / "checkpoints" / "last.ckpt",
-                                  weights_only=False)["hyper_parameters"]
-    assert hp["trained_lengths"] == [32, 64]
-    # The console: a line per finished stage and the table; the libraries' chatter and the
-    # train.py command lines are only in the stages' logs.
-    console = proc.stdout + proc.stderr
-    assert [line.split()[:3] for line in console.splitlines() if " done " in line] == [
-        ["anchormass_tiny", "pretrain_1k", "done"], ["anchormass_tiny", "warmup_4k", "done"]]
-    for noise in ("GPU available", "Tip", "Trainable params", "hydra.run.dir=", "Epoch 0"):
-        assert noise not in console
-    log = (run_dir / "warmup_4k" / "train.log").read_text()
-    for kept in ("GPU available", "Trainable params", "hydra.run.dir=", "done: step 2"):
-        assert kept in log
-    last = json.loads((run_dir / "warmup_4k" / "progress.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == last["total"] == 2 and last["loss"] > 0 and last["tokens_per_s"] > 0
-
-    again = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and again.stdout.count("skipped (already done)") == 2, again.stdout
-    # The recipe changed: the finished stages are not credited to it (one line, nothing touched) ...
-    changed = subprocess.run([*cmd, "stage.lr=0.05"], cwd=REPO, env=subprocess_env(), capture_output=True,
-                             text=True, timeout=300)
-    assert changed.returncode == 2 and changed.stderr.count("\n") == 1, changed.stdout + changed.stderr
-    assert "pretrain_1k was trained with other settings than the recipe gives now" in changed.stderr
-    assert "stage.lr: - -> 0.05" in changed.stderr and "done" not in changed.stdout
-    # ... unless the command says to keep them
-    kept = subprocess.run([*cmd, "stage.lr=0.05", "changed=keep"], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert kept.returncode == 0 and kept.stdout.count("skipped (already done)") == 2, kept.stdout + kept.stderr
-
-    # A stage that fails: its log's path and last lines on the console, the stage's exit code.
-    failing = [*cmd[:-2], f"runs_root={tmp_path / 'failing'}", "evaluate=false", "stage.total_steps=many"]
-    fail = subprocess.run(failing, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    log = tmp_path / "failing" / "t" / "anchormass_tiny" / "pretrain_1k" / "train.log"
-    assert fail.returncode == 2, fail.stdout + fail.stderr
-    assert ("pretrain_1k  FAILED: error: stage.total_steps must be a whole number, got 'many' (exit 2"
-            in fail.stdout and f"log: {log}" in fail.stdout)
-    assert "fix what it names" in fail.stdout and "rerun the same command to resume" not in fail.stdout
-    assert "| error: stage.total_steps must be a whole number, got 'many'" in fail.stdout
-    assert "warmup_4k" not in fail.stdout  # the chain stops at its first failure

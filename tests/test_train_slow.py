@@ -9,7 +9,19 @@ import time
 import pytest
 import torch
 
-from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
+from anchormass.training.run import train
+
+from _train_helpers import (
+    FAST,
+    REFERENCE,
+    REPO,
+    compose_train,
+    csv_rows,
+    model_params,
+    run_train,
+    subprocess_env,
+    train_cmd,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -18,15 +30,12 @@ def _fail(proc) -> str:
     return f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
 
 
-def test_sigkill_then_resume_is_bitwise_identical(data, tmp_path):
-    over = ["model=anchormass_tiny", f"data_dir={data['pretrain']}", *FAST, "stage.total_steps=10",
-            "stage.ckpt_every=4", "stage.val_every=5", "stage.global_batch_size=4", "stage.micro_batch_size=2"]
-    # Uninterrupted reference.
-    ref = run_train(over, tmp_path / "ref")
-    assert ref.returncode == 0, _fail(ref)
-
-    # Same run, killed with SIGKILL right after its step-4 checkpoint appears (slowed down after
-    # step 4 by a test hook that does not touch the numbers, so the kill lands mid-run).
+def test_sigkill_then_resume_is_bitwise_identical(data, reference, tmp_path):
+    """The shared reference's run (conftest.py), killed with SIGKILL right after its step-4
+    checkpoint appears (slowed down after step 4 by a test hook that does not touch the numbers, so
+    the kill lands mid-run), then resumed in-process: the weights and the CSV history are the
+    uninterrupted run's."""
+    over = [*REFERENCE, f"data_dir={data['pretrain']}"]
     out = tmp_path / "killed"
     hook = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=4",
             "+callbacks.slow.seconds=1.0"]
@@ -45,14 +54,12 @@ def test_sigkill_then_resume_is_bitwise_identical(data, tmp_path):
     for ckpt in (out / "checkpoints").glob("*.ckpt"):  # a kill mid-write leaves at most a hidden temp file
         torch.load(ckpt, map_location="cpu", weights_only=False)
 
-    resumed = run_train(over + [f"ckpt_path={last}"], out)
-    assert resumed.returncode == 0, _fail(resumed)
-    a, b = model_params(tmp_path / "ref" / "checkpoints" / "last.ckpt"), model_params(last)
+    assert train(compose_train(over + [f"ckpt_path={last}"], out))["global_step"] == 6
+    a, b = model_params(reference / "checkpoints" / "last.ckpt"), model_params(last)
     assert a.keys() == b.keys()
     unequal = [k for k in a if not torch.equal(a[k], b[k])]
     assert not unequal, f"resumed weights differ from the uninterrupted run: {unequal}"
-    ck = torch.load(last, map_location="cpu", weights_only=False)
-    assert ck["global_step"] == 10
+    assert csv_rows(out) == csv_rows(reference)  # what the killed run logged after step 4 is gone
 
 
 def _losses(metrics_csv) -> list[float]:
