@@ -115,6 +115,10 @@ def pool_seeds(per_seed: list[dict], seeds: list) -> dict:
     probe_head = ["cell", "layer", "key digits kept", "attention on needle", "emit rate"]
     probe_body = [[lab, li, _fmt(x["digits_kept"]), _fmt(x["attn_on_needle"]), _fmt(x["emit"])]
                   for lab, c in cells.items() for li, x in enumerate(c["layers"])]
+    for seed, res in zip(seeds, per_seed):  # cells the config lists that had no finished run to score
+        if res.get("left_out"):
+            where = "" if seed is None else f" under seed {seed}"
+            notes.append(f"- not scored{where} (no finished run): {', '.join(res['left_out'])}")
     n_trials = len(per_seed[0]["depths"]) * len(per_seed[0]["seeds"])
     text = (f"## Recall against compression, retrofit route\n\n{markdown(head, body)}\n"
             f"{n_trials} passkey trials per length and training seed ({len(per_seed[0]['depths'])} depths x "
