@@ -36,6 +36,13 @@ def run_console(console: StageConsole, script) -> None:
     future.result()
 
 
+def shown_within(out: io.StringIO, fragments: list[str], seconds: float) -> None:
+    """Wait until the console has drawn every fragment (it polls the progress files on its own thread)."""
+    deadline = time.monotonic() + seconds
+    while not all(f in out.getvalue() for f in fragments) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_live_line_per_running_stage_then_a_finished_line(tmp_path):
     out = io.StringIO()
     console = StageConsole(verbose=1, stream=out, live=True, poll_s=0.05)
@@ -48,7 +55,7 @@ def test_live_line_per_running_stage_then_a_finished_line(tmp_path):
         console.post("started", tb)
         (a / PROGRESS_FILE).write_text(record(120, loss=2.913, tps=1530.0, eta=45))
         (b / PROGRESS_FILE).write_text(record(60, loss=3.5, tps=800.0, eta=3700))
-        time.sleep(0.3)
+        shown_within(out, ["120/300", "60/300"], seconds=30)  # the poller's pace, not a fixed sleep: a loaded CI
         console.post("finished", ta, message="done    300 steps")
         console.post("finished", tb, message="done    300 steps")
         return 0

@@ -99,11 +99,12 @@ def test_sweep_runs_each_job_in_its_own_folder(data, tmp_path):
     assert "optim.lr=0.001" in lrs["0"] and "optim.lr=0.003" in lrs["1"]
 
 
-def test_cli_bad_input_is_one_line_exit_2(tmp_path):
+def test_cli_bad_input_is_one_line_exit_2(data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cases = [(train_cmd([f"data_dir={tmp_path / 'missing'}"], tmp_path / "out"), "no prepared data folder"),
-             (train_cmd([], blocker / "sub"), "not writable")]  # Hydra's own run folder
+             # Hydra's own run folder, with inputs that are fine (a clean clone has no data/demo)
+             (train_cmd([f"data_dir={data['pretrain']}"], blocker / "sub"), "not writable")]
     for cmd, fragment in cases:
         proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-2000:]
