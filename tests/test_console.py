@@ -43,7 +43,8 @@ def shown_within(out: io.StringIO, fragments: list[str], seconds: float) -> None
         time.sleep(0.02)
 
 
-def test_live_line_per_running_stage_then_a_finished_line(tmp_path):
+def test_live_line_per_running_stage_then_a_finished_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # a pytest-xdist worker reports 80, which cuts the line short
     out = io.StringIO()
     console = StageConsole(verbose=1, stream=out, live=True, poll_s=0.05)
     a, b = tmp_path / "a", tmp_path / "b"
