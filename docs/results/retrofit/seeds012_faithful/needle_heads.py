@@ -1,9 +1,14 @@
-"""Per (layer, head): attention mass the answering query (the prompt's last token) puts on the needle,
+"""Run from the study's folder: PYTHONPATH=<checkout> python needle_heads.py (docs/results/retrofit/README.md §3).
+
+Per (layer, head): attention mass the answering query (the prompt's last token) puts on the needle,
 full causal softmax over q.k/sqrt(d), mean over the 15 trials at 2,048 tokens; for each seed's faithful
 Standard and its g1 / g8 retrofits (for AnchorMass this is the uncompressed score: which head *would*
 look at the needle; heads [0, n_local) are the local ones in AnchorMass)."""
-import json, math, sys
+import json
+import math
+
 import torch
+
 from anchormass.data.tokenizer import Tokenizer
 from anchormass.eval.items import Haystack, trial_grid
 from anchormass.eval.suites.retrofit.slot_probe import probe_forward
@@ -21,7 +26,9 @@ for seed in (0, 1, 2):
         acc = None
         with torch.no_grad():
             for t in trials:
-                ids = hay.build(t); lo, hi = hay.needle_span(t); qpos = len(ids) - 1
+                ids = hay.build(t)
+                lo, hi = hay.needle_span(t)
+                qpos = len(ids) - 1
                 _, qkv = probe_forward(model, torch.tensor([ids]), [qpos])
                 per = []
                 for layer in qkv:
@@ -32,5 +39,6 @@ for seed in (0, 1, 2):
                 m = torch.stack(per)                             # [L, H]
                 acc = m if acc is None else acc + m
         out[f"seed{seed}/{run.split('/')[0]}"] = (acc / len(trials)).tolist()
-        print(seed, run.split('/')[0], [[round(x, 2) for x in row] for row in out[f"seed{seed}/{run.split('/')[0]}"]], flush=True)
+        key = f"seed{seed}/{run.split('/')[0]}"
+        print(key, [[round(x, 2) for x in row] for row in out[key]], flush=True)
 json.dump(out, open("evals/heads/needle_heads.json", "w"), indent=1)
