@@ -7,7 +7,7 @@ variable-distance copying) and print held-out accuracy against steps.
     python scripts/recall_probe.py 'preset_set={n_heads: 8, head_dim: 16, init_std: 0.08}'
 
 Options: configs/recall_probe.yaml. Writes <out>/curve.csv, curve.json and curve.png (the work is
-anchormass/training/recall_probe_run.py). Use it to size a recipe before a study: a model that does
+anchormass/commands/recall_probe.py). Use it to size a recipe before a study: a model that does
 not retrieve here will not retrieve a passkey.
 """
 
@@ -25,7 +25,7 @@ from anchormass.utils import CONFIG_ROOT
 @hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="recall_probe")
 @exit_on_error
 def main(cfg: DictConfig) -> None:
-    from anchormass.training.recall_probe_run import run_recall_probe
+    from anchormass.commands.recall_probe import run_recall_probe
 
     run_recall_probe(cfg)
 

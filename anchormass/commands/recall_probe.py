@@ -1,6 +1,7 @@
-"""`python scripts/recall_probe.py` as a library call: build the model preset (changed field by field),
-train it on the probe's task (recall_probe.py), print the learning curve as it comes, and write
-<out>/curve.csv, curve.json and curve.png."""
+"""`python scripts/recall_probe.py`'s run: build the model preset (changed field by field), train it on
+the probe's task (anchormass/training/recall_probe.py), print the learning curve as it comes, and write
+<out>/curve.csv, curve.json and curve.png. A command, not a training module, because it reports with
+the evaluation library's Wilson interval and figures."""
 
 from __future__ import annotations
 
@@ -60,12 +61,11 @@ def run_recall_probe(cfg: DictConfig) -> int:
 
 def show_record(r: dict) -> None:
     """One line of the curve as it is measured, with the accuracy's 95% Wilson interval."""
-    from scipy.stats import binomtest, norm
+    from anchormass.eval.report import wilson_interval
 
-    level = 2 * norm.cdf(1.96) - 1  # 1.96 standard errors, as eval's Wilson intervals (not scipy's 1.95996)
-    ci = binomtest(r["hits"], r["n"]).proportion_ci(level, method="wilson")
+    lo, hi = wilson_interval(r["hits"], r["n"])
     print(f"{r['step']:>6} {r['train_loss']:>10.3f} {r['loss']:>13.3f} {r['accuracy']:>9.1%}  "
-          f"[{ci.low:.1%}, {ci.high:.1%}]  ({r['seconds']:.0f} s)", flush=True)
+          f"[{lo:.1%}, {hi:.1%}]  ({r['seconds']:.0f} s)", flush=True)
 
 
 def write_curve(records: list[dict], cfg: DictConfig, out: Path, title: str) -> None:
@@ -80,16 +80,11 @@ def write_curve(records: list[dict], cfg: DictConfig, out: Path, title: str) -> 
 
 
 def plot_curve(records: list[dict], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
+    from anchormass.eval.report import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot([r["step"] for r in records], [r["accuracy"] for r in records], marker=".", label="held-out accuracy")
     ax.axhline(records[0]["chance"], color="grey", ls=":", label="chance")
     ax.set(xlabel="training step", ylabel="recall accuracy", ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
