@@ -33,8 +33,11 @@ pytestmark = pytest.mark.slow
 
 SEEDS = "curriculum.seeds=[0,1]"
 # After step 2, a second per optimizer step (a hook that changes no number): a stop lands mid-stage.
+# From step 2 on, each of stage 1's last two steps sleeps 5 s: the SIGTERM sent once step 2's checkpoint
+# exists must land while the stage still runs. With 1 s it once arrived after the stage had finished
+# on a loaded 2-worker run; the signal is handled after the sleep in progress, so this costs <= 5 s.
 SLOW_AFTER = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=2",
-              "+callbacks.slow.seconds=1.0"]
+              "+callbacks.slow.seconds=5.0"]
 VARIANT = {"name": "lossless", "model": "anchormass_tiny", "overrides": ["model.group_size=1"]}
 
 
