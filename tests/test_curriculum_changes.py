@@ -37,6 +37,12 @@ def test_display_keys_are_not_settings():
         "stage": "pretrain_1k", "stage.total_steps": "200", "stage.lr": "0.001"}
 
 
+def test_the_thread_count_is_not_a_setting(tmp_path):
+    """`curriculum.parallel` sets torch_threads on shared stages: a rerun on other cores is no change."""
+    assert settings(ARGS + ["torch_threads=2"]) == settings(ARGS + ["torch_threads=1"])
+    check_changes(list(chain(tmp_path, ARGS + ["torch_threads=2"])), "refuse")
+
+
 def test_an_unchanged_recipe_and_a_new_run_pass(tmp_path):
     runs = chain(tmp_path, ARGS[:-1] + ["logger=none"])  # only the logger differs
     check_changes(list(runs), "refuse")

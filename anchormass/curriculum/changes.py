@@ -11,7 +11,9 @@ keys, unless the command says what to do (`changed=`):
 - `keep`: the old runs stand, and each is named in a `note:` line.
 
 Keys that only change what is shown or logged (console, logger, callbacks, the run folder) are not
-settings of the run.
+settings of the run, nor is the thread count: it changes how fast a stage runs and the order of
+floating-point sums, as another machine would, not what it trains. The plan itself varies it with
+`curriculum.parallel`, so a rerun on more or fewer cores must not be refused for it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from anchormass.errors import ConfigError
 from anchormass.training.stage_console import shown
 
 POLICIES = ("refuse", "retrain", "keep")
-# argument keys that change no result of a stage
+# argument keys that change no result of a stage (what is shown or logged, and the thread count)
 DISPLAY_KEYS = ("hydra.run.dir", "verbose", "hydra/job_logging", "trainer.enable_progress_bar", "logger",
-                "callbacks", "++callbacks.progress_file._target_")
+                "callbacks", "++callbacks.progress_file._target_", "torch_threads")
 
 
 def settings(args: list[str]) -> dict[str, str]:
