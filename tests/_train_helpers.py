@@ -135,6 +135,24 @@ class SleepAfter(Callback):
             time.sleep(self.seconds)
 
 
+class WaitForStop(Callback):
+    """Test hook: before training the step after `step`, wait (at most `seconds`) until a stop signal
+    has reached the run's PreemptCheckpoint. Step `step`'s checkpoint is on disk by then, so a test
+    that signals once it appears has its stop land at step `step + 1`, however loaded the machine
+    and whatever order the callbacks run in: no sleep races the signal."""
+
+    def __init__(self, step: int, seconds: float = 120.0):
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step < self.step:
+            return
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline and not any(getattr(cb, "received", None) is not None
+                                                      for cb in trainer.callbacks):
+            time.sleep(0.02)
+
+
 class WeightsAtStart(Callback):
     """Test hook: save the model's weights to `path` when training starts (before step 0)."""
 

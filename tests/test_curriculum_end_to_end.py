@@ -32,12 +32,9 @@ from test_train_curriculum import curriculum_cmd, tiny_curriculum
 pytestmark = pytest.mark.slow
 
 SEEDS = "curriculum.seeds=[0,1]"
-# After step 2, a second per optimizer step (a hook that changes no number): a stop lands mid-stage.
-# From step 2 on, each of stage 1's last two steps sleeps 5 s: the SIGTERM sent once step 2's checkpoint
-# exists must land while the stage still runs. With 1 s it once arrived after the stage had finished
-# on a loaded 2-worker run; the signal is handled after the sleep in progress, so this costs <= 5 s.
-SLOW_AFTER = ["+callbacks.slow._target_=_train_helpers.SleepAfter", "+callbacks.slow.step=2",
-              "+callbacks.slow.seconds=5.0"]
+# Stage 1 waits before its third step until the SIGTERM (sent once step 2's checkpoint exists) has
+# arrived, so the stop lands at step 3 of 4 however loaded the machine: no sleep races the signal.
+WAIT_FOR_STOP = ["+callbacks.wait._target_=_train_helpers.WaitForStop", "+callbacks.wait.step=2"]
 VARIANT = {"name": "lossless", "model": "anchormass_tiny", "overrides": ["model.group_size=1"]}
 
 
@@ -86,7 +83,7 @@ def test_curriculum_end_to_end(tmp_path, capsys):
     stage1 = root / "seed0" / "standard_tiny" / "pretrain_1k"
 
     # 1. SIGTERM to the runner mid-stage: the stage saves and exits first, no stage starts from it, exit 75.
-    proc = subprocess.Popen(cmd + SLOW_AFTER, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd + WAIT_FOR_STOP, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _wait_for(stage1 / "checkpoints" / "step-0000002.ckpt", proc)
     child = json.loads((stage1 / ".run.lock").read_text())["pid"]  # the running stage's train.py
@@ -97,7 +94,7 @@ def test_curriculum_end_to_end(tmp_path, capsys):
     assert "pretrain_1k  interrupted at step " in out
     assert err.strip().splitlines()[-1].startswith("interrupted: SIGTERM; ")
     result = json.loads((stage1 / "train_result.json").read_text())
-    assert result["completed"] is False and 2 <= result["global_step"] < 4
+    assert result["completed"] is False and result["global_step"] == 3
     assert not list(root.glob("seed*/*/warmup_4k")) and not (root / LOCK_FILE_NAME).exists()
     assert (tmp_path / "data" / "demo" / "meta.json").is_file()  # the runner prepared its data
 
@@ -106,6 +103,7 @@ def test_curriculum_end_to_end(tmp_path, capsys):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (stage1 / "train.log").read_text()
     assert f"ckpt_path={stage1 / 'checkpoints' / 'last.ckpt'}" in log.split("===")[-1]  # resumed, not restarted
+    assert "weights_only" not in log  # the SIGTERM save says what it saves; no unsafe-load look-alike line
     summary = json.loads((root / "curriculum.json").read_text())
     assert summary["seeds"] == [0, 1]
     assert sorted((s["seed"], s["model"], s["stage"], s["global_step"]) for s in summary["stages"]) == [

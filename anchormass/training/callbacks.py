@@ -137,7 +137,9 @@ class SaveLastOnEnd(Callback):
             if getattr(cb, "_last_global_step_saved", None) == trainer.global_step and cb.last_model_path:
                 continue  # already written at this very step
             path = os.path.join(cb.dirpath, cb.CHECKPOINT_NAME_LAST + cb.FILE_EXTENSION)
-            trainer.save_checkpoint(path)
+            # the full training state; said explicitly, or Lightning logs "`weights_only` was not set,
+            # defaulting to `False`" into train.log, which reads like an unsafe load (it is a save)
+            trainer.save_checkpoint(path, weights_only=False)
             cb.last_model_path = path
             # Lightning's own end-of-training save checks these (private) fields; without them it
             # would write the same last.ckpt a second time.
