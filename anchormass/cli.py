@@ -155,9 +155,10 @@ def check_overrides(config_dir, config_name: str, argv: list[str], check=None) -
                 raise ConfigError(str(err).splitlines()[0]) from None
             parent, _, leaf = key.rpartition(".")
             known = cfg_without(config_dir, config_name, overrides, key)
-            node = OmegaConf.select(known, parent) if parent and known is not None else None
-            near = difflib.get_close_matches(leaf, list(node.keys()) if hasattr(node, "keys") else [], n=1)
-            hint = f"did you mean {parent}.{near[0]}? " if near else ""
+            node = (OmegaConf.select(known, parent) if parent else known) if known is not None else None
+            near = difflib.get_close_matches(leaf, [k for k in node.keys() if k != "hydra"]
+                                             if hasattr(node, "keys") else [], n=1)
+            hint = f"did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
             written = next((o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0] == key
                             or o.split("=", 1)[0].startswith(key + ".")), key)
             raise ConfigError(f"unknown key {written}; {hint}a new key needs a leading +: +{written}=...") from None

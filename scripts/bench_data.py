@@ -10,14 +10,15 @@ go to <out> (default outputs/bench/data); bench_data.json and bench_data.md land
 from __future__ import annotations
 
 import json
+import sys
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import check_overrides, exit_on_error
 from anchormass.errors import ConfigError
-from anchormass.utils import resolve_path
+from anchormass.utils import CONFIG_ROOT, resolve_path
 
 ConfigStore.instance().store(name="bench_data", node={
     "min_mb": 100, "workers": [1, 2], "out": "outputs/bench/data",
@@ -48,4 +49,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # an unknown key: one line, exit 2 (the config is stored above; no file is read)
+    check_overrides(CONFIG_ROOT, "bench_data", sys.argv[1:])
     main()

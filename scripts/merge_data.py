@@ -10,13 +10,15 @@ one i per machine; each writes data/<name>.shard-i-of-K) merges into the very fi
 from __future__ import annotations
 
 import json
+import sys
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import check_overrides, exit_on_error
 from anchormass.errors import ConfigError
+from anchormass.utils import CONFIG_ROOT
 
 ConfigStore.instance().store(name="merge_data", node={
     "shards": None, "out_dir": None,
@@ -45,4 +47,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # an unknown key: one line, exit 2 (the config is stored above; no file is read)
+    check_overrides(CONFIG_ROOT, "merge_data", sys.argv[1:])
     main()

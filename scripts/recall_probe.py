@@ -18,7 +18,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -32,4 +32,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    check_overrides(CONFIG_ROOT, "recall_probe", sys.argv[1:])  # an unknown key: one line, exit 2
     main()

@@ -104,6 +104,14 @@ def test_prepare_data_names_the_missing_tokenizer_key(tmp_path):
      ["unknown key data.tokenizr.vocab_size", "did you mean data.tokenizer?"]),
     ("evaluate.py", ["suite=ppl", "eval.ppl.contxts=[0]"],
      ["unknown key eval.ppl.contxts", "did you mean eval.ppl.contexts?"]),
+    # these six used to print Hydra's four-line message and exit 1
+    ("scripts/run_curriculum.py", ["curriculum.paralel=2"],
+     ["unknown key curriculum.paralel", "did you mean curriculum.parallel?"]),
+    ("scripts/bench.py", ["threds=1"], ["unknown key threds", "did you mean threads?"]),
+    ("scripts/export_hf.py", ["fromat=llama"], ["unknown key fromat", "did you mean format?"]),
+    ("scripts/recall_probe.py", ["stepz=5"], ["unknown key stepz", "did you mean steps?"]),
+    ("scripts/bench_data.py", ["min_m=1"], ["unknown key min_m", "did you mean min_mb?"]),
+    ("scripts/merge_data.py", ["shard=[a]"], ["unknown key shard", "did you mean shards?"]),
 ])
 def test_unknown_keys_of_the_other_entry_points(tmp_path, script, args, named):
     proc = run(script, [*args, f"out_dir={tmp_path / 'o'}"] if script == "evaluate.py" else args)

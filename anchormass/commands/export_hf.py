@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
@@ -45,6 +45,7 @@ def cli() -> None:
                    {"format": ["auto", "llama", "anchormass"]})
     sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    check_overrides(CONFIG_ROOT, "export_hf", sys.argv[1:])  # an unknown key: one line, exit 2
     main()
 
 

@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, exit_on_error, quoted_where_needed
+from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -41,6 +41,7 @@ def cli() -> None:
                    "run_curriculum")
     sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
+    check_overrides(CONFIG_ROOT, "run_curriculum", sys.argv[1:])  # an unknown key: one line, exit 2
     main()
 
 
