@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from anchormass.curriculum.closing import report_jobs
 from anchormass.curriculum.execute import command
 from anchormass.curriculum.recipe import load_recipe
-from anchormass.errors import ConfigError
+from anchormass.errors import ConfigError, DataError
 from anchormass.eval.aggregate import write_aggregate
 from anchormass.eval.suites.retrofit.cells import chain_folders, learning_curve
-from anchormass.eval.suites.retrofit.pool import pool_seeds
+from anchormass.eval.suites.retrofit.pool import merge_runs, pool_seeds
 from anchormass.training.run import finished_run
 
 from _train_helpers import CONFIG_DIR
@@ -182,3 +182,29 @@ def test_the_pooled_report_and_its_plots_through_the_aggregate(tmp_path):
     assert "Recall against compression, retrofit route" in pooled and "(control did not learn)" in pooled
     for png in ("retrofit_frontier.png", "retrofit_g8_vs_heads.png", "retrofit_curves.png"):
         assert (out / png).stat().st_size > 0, png
+
+
+def test_one_seed_scored_in_parts_is_merged_before_pooling(tmp_path):
+    """A study scores a seed's cells as they finish (several runs on identical trials): the aggregate
+    merges them (a cell scored twice must agree trial for trial) and pools the seeds as usual."""
+    full, none = {L: 5 for L in (512, 1024, 2048)}, {L: 0 for L in (512, 1024, 2048)}
+    parts = {"a": _result(["std", "g1"], {"std": full, "g1": full}),
+             "b": _result(["std", "g8"], {"std": full, "g8": none}),
+             "c": _result(["std", "g1"], {"std": full, "g1": full})}
+    paths = []
+    for name, res in parts.items():
+        paths.append(tmp_path / f"{name}_results.json")
+        paths[-1].write_text(json.dumps({"suites": {"retrofit": res}}))
+    out = write_aggregate(paths, [0, 0, 1], tmp_path / "pooled")
+    cells = json.loads((out / "results.json").read_text())["suites"]["retrofit"]["json"]["cells"]
+    assert list(cells) == ["std", "g1", "g8"]
+    assert cells["std"]["by_length"]["2048"]["n"] == 10 and cells["std"]["seeds"] == [0, 1]  # seed 0 once
+    assert cells["g8"]["seeds"] == [0] and cells["g8"]["by_length"]["2048"]["exact"] == 0
+    assert f"- seed 0: [{tmp_path / 'a_report.md'}]" in (out / "report.md").read_text()  # each part's own report
+
+    other = _result(["std"], {"std": {512: 5, 1024: 5, 2048: 4}})  # the same cell, another outcome
+    with pytest.raises(DataError, match="cell std was scored in two runs with different outcomes"):
+        merge_runs([parts["a"], other])
+    shorter = {**parts["b"], "lengths": [512, 1024]}
+    with pytest.raises(DataError, match=r"different trials \(lengths differ\)"):
+        merge_runs([parts["a"], shorter])

@@ -1,4 +1,5 @@
-"""One report over several training seeds: the same comparison's results.json, one per seed.
+"""One report over several training seeds: the same comparison's results.json, one per seed (or
+several for one seed, where its suite can merge runs scored in parts on identical items).
 
     python -m anchormass.eval.aggregate out_dir=runs/x/report/longctx \
         inputs=[runs/x/report/longctx/seed0/results.json,runs/x/report/longctx/seed1/results.json] seeds=[0,1]
@@ -49,13 +50,39 @@ def generic_aggregate(name: str, per_seed: list[dict], seeds: list[int]) -> dict
     return {"markdown": "\n".join(lines) + "\n", "json": {"summary": stats}}
 
 
+def merge_seed_runs(results: list[dict], seeds: list[int]) -> tuple[list[dict], list[int]]:
+    """One results dict per distinct seed. Several runs of one seed (a study scored its cells in
+    parts, on identical items) are merged by each suite's `merge(results) -> result` classmethod;
+    a suite without one cannot say whether two runs of a seed overlap, so that is refused."""
+    order = list(dict.fromkeys(seeds))
+    if len(order) == len(seeds):
+        return results, seeds
+    merged = []
+    for seed in order:
+        runs = [r for r, s in zip(results, seeds) if s == seed]
+        if len(runs) == 1:
+            merged.append(runs[0])
+            continue
+        names = list(dict.fromkeys(n for r in runs for n in (r.get("suites") or {})))
+        suites = {}
+        for name in names:
+            hook = getattr(registry.suite_class(name), "merge", None) if name in registry.SUITES else None
+            if hook is None:
+                raise ConfigError(f"aggregate: seeds must be distinct unless every suite of their runs can merge "
+                                  f"one seed's runs ({name} cannot), got {seeds}")
+            parts = [r["suites"][name] for r in runs if name in (r.get("suites") or {})]
+            suites[name] = hook(parts) if len(parts) > 1 else parts[0]
+        merged.append({"suites": suites})
+    return merged, order
+
+
 def aggregate(results: list[dict], seeds: list[int]) -> dict:
     """{"seeds", "suites": {name: {"markdown", "json", "plots"?}}, "missing": {name: reason}}
-    for the per-seed results.json contents `results` (in the order of `seeds`)."""
+    for the per-seed results.json contents `results` (in the order of `seeds`; a seed given more
+    than once is merged first, see merge_seed_runs)."""
     if len(results) != len(seeds) or not seeds:
         raise ConfigError(f"aggregate: {len(results)} results for {len(seeds)} seeds; give one per seed")
-    if len(set(seeds)) < len(seeds):
-        raise ConfigError(f"aggregate: seeds must be distinct, got {seeds}")
+    results, seeds = merge_seed_runs(results, list(seeds))
     names: list[str] = []
     for res in results:
         names += [n for n in (res.get("suites") or {}) if n not in names]
@@ -94,8 +121,8 @@ def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, n
     lines = ["# AnchorMass evaluation over training seeds", "", *([f"- {note}"] if note else []),
              f"- seeds: {', '.join(map(str, agg['seeds']))} (n = {len(agg['seeds'])}); std is the sample "
              f"standard deviation over the seeds", ""]
-    lines += [f"- seed {s}: [{_shown(p.parent / 'report.md', out_dir)}]({_shown(p.parent / 'report.md', out_dir)})"
-              for s, p in zip(agg["seeds"], paths)]
+    reports = [_shown(p.with_name(p.name.replace("results.json", "report.md")), out_dir) for p in paths]
+    lines += [f"- seed {s}: [{r}]({r})" for s, r in zip(seeds, reports)]
     lines.append("")
     lines += [f"- suite `{name}` left out: {reason}" for name, reason in agg["missing"].items()]
     sections, plain = [], {}

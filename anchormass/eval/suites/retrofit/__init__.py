@@ -101,3 +101,9 @@ class RetrofitSuite(Suite):
         from anchormass.eval.suites.retrofit.pool import pool_seeds
 
         return pool_seeds(per_seed, seeds)
+
+    @classmethod
+    def merge(cls, runs: list[dict]) -> dict:
+        from anchormass.eval.suites.retrofit.pool import merge_runs
+
+        return merge_runs(runs)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from anchormass.errors import DataError
 from anchormass.eval.report import fmt_p, markdown, mcnemar_exact, scalar_stats, wilson_interval
 
 CONTROL_BAR = 0.8  # a Standard below this at a trained length has not learned the task
@@ -57,6 +58,42 @@ def pool_cells(per_seed: list[dict], seeds: list) -> dict:
                     "bytes": _mean(r["stored_bytes"][lab] for _, r in runs),
                     "val_loss": _mean(c[-1]["val_loss"] if c else None for c in curves),
                     "curves": curves, "layers": layers}
+    return out
+
+
+SAME_TRIALS = ("lengths", "trained_length", "depths", "seeds", "filler")
+PER_CELL = ("models", "by_length", "stored_bytes", "probe", "curves")
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One seed's cells scored in several runs (parts of a study that finished at different times)
+    as one run. The runs must have scored the same trials; a cell scored in more than one must have
+    the same outcome on every trial (checkpoints and greedy decoding are deterministic), else
+    something differs between the runs and pooling them would hide it."""
+    first = runs[0]
+    for run in runs[1:]:
+        differ = [k for k in SAME_TRIALS if run.get(k) != first.get(k)]
+        if differ:
+            raise DataError(f"retrofit: cannot merge runs that scored different trials ({', '.join(differ)} differ)")
+    out = {k: first.get(k) for k in SAME_TRIALS}
+    out.update({"labels": [], "items": [], "summary": {}, "bytes_length": first.get("bytes_length"),
+                **{k: {} for k in PER_CELL}})
+    outcome = lambda run, lab: sorted((r["length"], r["depth"], r["seed"], r["exact"], r["digits"])  # noqa: E731
+                                      for r in run["items"] if r["model"] == lab)
+    for run in runs:
+        for lab in run["labels"]:
+            if lab in out["labels"]:
+                if outcome(run, lab) != outcome(out, lab):
+                    raise DataError(f"retrofit: cell {lab} was scored in two runs with different outcomes; "
+                                    f"merge runs of the same checkpoints only")
+                continue
+            out["labels"].append(lab)
+            for k in PER_CELL:
+                out[k][lab] = run[k].get(lab)
+            out["items"] += [r for r in run["items"] if r["model"] == lab]
+            out["summary"].update({k: v for k, v in (run.get("summary") or {}).items() if k.startswith(lab + "/")})
+    out["left_out"] = list(dict.fromkeys(lab for run in runs for lab in run.get("left_out") or []
+                                         if lab not in out["labels"]))
     return out
 
 
