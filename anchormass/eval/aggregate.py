@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -137,11 +138,9 @@ def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, n
 
 
 def _shown(path: Path, base: Path) -> str:
-    """`path` relative to the report's folder when it lies inside it, so the links survive a move."""
-    try:
-        return str(path.resolve().relative_to(base.resolve()))
-    except ValueError:
-        return str(path)
+    """`path` relative to the report's folder (`../seed0/report.md` from a sibling folder), so the
+    links work from the report and survive moving the tree they are in."""
+    return os.path.relpath(path.resolve(), base.resolve())
 
 
 def _parse_args(argv: list[str]) -> dict:

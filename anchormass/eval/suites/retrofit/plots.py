@@ -10,6 +10,16 @@ from anchormass.eval.report import plt, save_figure
 G8_HEADS_158M = 14 * 6  # the write-up's model: 14 layers x 6 global heads of 64
 
 
+def _log_x(ax) -> None:
+    """A log x-axis labelled in plain numbers (matplotlib's minor 3x10^3 labels run into each other)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _ci(x: dict) -> tuple[float, float]:
     return x["acc"] - x["ci"][0], x["ci"][1] - x["acc"]
 
@@ -35,7 +45,7 @@ def frontier_plot(cells: dict, shown: list[int], path: Path) -> str:
                 name = "Std" if t[3]["arch"] == "standard" else f"g{t[3]['group_size']}"
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
                             color=bars[0].get_color())
-        ax.set_xscale("log")
+        _log_x(ax)
         ax.set_ylim(-0.03, 1.05)
         ax.axhline(0.8, color="grey", lw=0.5, ls="--")
         ax.set_xlabel("stored KV KiB per sequence (measured)")
@@ -59,7 +69,7 @@ def heads_plot(cells: dict, shown: list[int], path: Path) -> str:
                 ax.annotate(lab, (x, r["acc"]), textcoords="offset points", xytext=(4, -10), fontsize=7)
     ax.axvline(G8_HEADS_158M, color="grey", lw=0.5, ls=":")
     ax.annotate("158M model", (G8_HEADS_158M, 0.5), fontsize=7, rotation=90)
-    ax.set_xscale("log")
+    _log_x(ax)
     ax.set_ylim(-0.03, 1.05)
     ax.set_xlabel("global heads (layers x global heads per layer)")
     ax.set_ylabel("passkey exact at g8")
