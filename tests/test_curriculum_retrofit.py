@@ -81,7 +81,7 @@ def test_the_study_recipe_plans_every_cell_from_its_own_standard(tmp_path):
     assert {s for s, m, _ in by if m == "tiny_g8"} == {0}
     for (seed, model, stage), run in by.items():
         if stage == "retro_8k":
-            shape = {"tiny": "tiny_h8", "faithful": "faithful", "l8g2": "l8g2"}[model.split("_")[0]]
+            shape = {"tiny": "tiny_h8", "faithful": "faithful", "l8g2": "l8g2", "l4g2": "l4g2"}[model.split("_")[0]]
             assert run.after is by[(seed, f"standard_{shape}", "longctx_32k")]
     doubled = by[(0, "faithful_g8_2x", "retro_32k")]
     assert "stage.total_steps=280" in doubled.args
@@ -89,6 +89,8 @@ def test_the_study_recipe_plans_every_cell_from_its_own_standard(tmp_path):
     assert "model.group_size=4" in by[(1, "faithful_schedule", "retro_16k")].args
     assert {s for s, m, _ in by if m.startswith("l8g2") or m == "standard_l8g2"} == {0}
     assert "model.group_size=2" in by[(0, "l8g2_schedule", "retro_8k")].args
+    assert {s for s, m, _ in by if "l4g2" in m} == {0}
+    assert "stage.lr=0.001" in by[(0, "standard_l4g2", "pretrain_1k")].args
     today = by[(0, "faithful_g8_scratch", "warmup_4k")]
     assert today.init_from == by[(0, "standard_faithful", "pretrain_1k")].last_ckpt
 
