@@ -210,3 +210,17 @@ def test_one_seed_scored_in_parts_is_merged_before_pooling(tmp_path):
     shorter = {**parts["b"], "lengths": [512, 1024]}
     with pytest.raises(DataError, match=r"different trials \(lengths differ\)"):
         merge_runs([parts["a"], shorter])
+
+
+def test_the_heads_plot_takes_two_shapes_with_as_many_global_heads(tmp_path):
+    """tiny_h8 (8 heads of 16) and l4g2 (8 heads of 64) both have 8 global heads: the points sort by
+    label after heads, never by comparing their result dicts (which raised TypeError)."""
+    from anchormass.eval.suites.retrofit.plots import heads_plot
+
+    def cell(heads, acc):
+        return {"info": {"tags": ["frontier", "g8"], "global_heads_total": heads},
+                "by_length": {2048: {"acc": acc, "ci": [0.0, min(1.0, acc + 0.2)]}}}
+    cells = {"tiny_g8": cell(8, 0.07), "l4g2_g8": cell(8, 0.0), "l8g2_g8": cell(16, 0.0)}
+    out = tmp_path / "heads.png"
+    heads_plot(cells, [2048], out)
+    assert out.stat().st_size > 0
