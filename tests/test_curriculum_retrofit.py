@@ -16,6 +16,7 @@ from anchormass.curriculum.recipe import load_recipe
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval.aggregate import write_aggregate
 from anchormass.eval.suites.retrofit.cells import chain_folders, learning_curve
+from anchormass.eval.suites.retrofit.plots import heads_plot
 from anchormass.eval.suites.retrofit.pool import merge_runs, pool_seeds
 from anchormass.training.run import finished_run
 
@@ -215,8 +216,6 @@ def test_one_seed_scored_in_parts_is_merged_before_pooling(tmp_path):
 def test_the_heads_plot_takes_two_shapes_with_as_many_global_heads(tmp_path):
     """tiny_h8 (8 heads of 16) and l4g2 (8 heads of 64) both have 8 global heads: the points sort by
     label after heads, never by comparing their result dicts (which raised TypeError)."""
-    from anchormass.eval.suites.retrofit.plots import heads_plot
-
     def cell(heads, acc):
         return {"info": {"tags": ["frontier", "g8"], "global_heads_total": heads},
                 "by_length": {2048: {"acc": acc, "ci": [0.0, min(1.0, acc + 0.2)]}}}

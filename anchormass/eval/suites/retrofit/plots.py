@@ -59,11 +59,11 @@ def heads_plot(cells: dict, shown: list[int], path: Path) -> str:
     """Passkey exact of each shape's cell tagged `g8` (the write-up's constants) against its number of global
     heads (layers x global heads per layer); the 158M model's 84 marked for the GPU check."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    g8 = [(lab, c) for lab, c in cells.items() if "g8" in c["info"]["tags"]]
+    # by heads, then label: two shapes may have as many global heads (tiny_h8 and l4g2: 8)
+    g8 = sorted(((lab, c) for lab, c in cells.items() if "g8" in c["info"]["tags"]),
+                key=lambda item: (item[1]["info"]["global_heads_total"], item[0]))
     for L in shown:
-        # by heads, then label: two shapes may have as many global heads (tiny_h8 and l4g2: 8)
-        pts = [(c["info"]["global_heads_total"], c["by_length"][L], lab) for lab, c in
-               sorted(g8, key=lambda item: (item[1]["info"]["global_heads_total"], item[0]))]
+        pts = [(c["info"]["global_heads_total"], c["by_length"][L], lab) for lab, c in g8]
         if pts:
             ax.errorbar([p[0] for p in pts], [p[1]["acc"] for p in pts], yerr=list(zip(*[_ci(p[1]) for p in pts])),
                         marker="o", capsize=3, label=f"{L:,} tokens")
