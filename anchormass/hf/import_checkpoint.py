@@ -67,6 +67,7 @@ class Converted:
     cfg: Any  # ModelConfig
     model: torch.nn.Module  # ours, eval mode
     hf_model: torch.nn.Module
+    tokenizer: Any  # the source's, as transformers reads it
     head_order: list[list[int]] | None  # each layer's KV groups in their new order (None: as in the source)
     self_check: float  # max |logit difference| on SELF_CHECK_TOKENS tokens
 
@@ -105,7 +106,7 @@ def convert(source, name: str | None = None, global_groups=None) -> Converted:
         raise CheckpointError(f"src={source.path}: its weights do not fit the model its config describes "
                               f"({str(err).strip().splitlines()[0]})") from None
     model.eval()
-    return Converted(cfg, model, hf_model, orders, _self_check(model, hf_model, cfg))
+    return Converted(cfg, model, hf_model, source.tokenizer(), orders, _self_check(model, hf_model, cfg))
 
 
 def write_import(converted: Converted, source, out: Path) -> dict:
@@ -114,14 +115,14 @@ def write_import(converted: Converted, source, out: Path) -> dict:
     from anchormass.training.checkpoint import STATE_PREFIX, atomic_torch_save
 
     cfg, model = converted.cfg, converted.model
-    tokenizer = source.tokenizer()
     imported = {"source": str(source.path.resolve()), "kind": source.kind, "files_sha256": _source_files(source),
                 "head_order": converted.head_order, "git_commit": git_commit()}
     hparams = {"model_config": cfg.to_dict(), "trained_lengths": [cfg.original_max_len],
                "tokenizer_path": str(out.resolve() / TOKENIZER_DIR),  # where it is once the folder is in place
                "tokenizer_checksum": None, "data_fingerprint": None, "stage": "import", "imported_from": imported}
     with staged_folder(out) as staging:
-        tokenizer.save_pretrained(str(staging / TOKENIZER_DIR))
+        # the chat template inside tokenizer_config.json, where every reader of the folder finds it
+        converted.tokenizer.save_pretrained(str(staging / TOKENIZER_DIR), save_jinja_files=False)
         atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
                            "hyper_parameters": hparams}, staging / CHECKPOINT_FILE)
         atomic_write_json(staging / IMPORT_FILE, {**imported, "checkpoint": CHECKPOINT_FILE,
