@@ -257,14 +257,13 @@ def test_smollm2_matches_transformers(smollm2, tmp_path):
     """The preset's shape and 134,515,008 parameters; q / k rows in Llama's order (llama.cpp stores them
     interleaved: read from the GGUF file itself, not through transformers); over 2,048 tokens of English
     our logits equal transformers' (its RoPE angles in float64 as ours), 64 greedy tokens are the same,
-    our cached decode equals our parallel forward; written out, the folder loads with the same tensors
-    and the chat template."""
+    our cached decode equals our parallel forward; the tokenizer saved for the checkpoint reads back with
+    its chat template."""
     import gguf
     import numpy as np
     from transformers import AutoTokenizer
 
-    from anchormass.hf.import_checkpoint import write_import
-    from anchormass.hf.llama_source import open_source
+    from anchormass.hf.import_checkpoint import save_tokenizer
     from anchormass.models.config import load_model_config
 
     path, conv = smollm2
@@ -290,12 +289,9 @@ def test_smollm2_matches_transformers(smollm2, tmp_path):
     assert tokens.tolist() == hf_tokens.tolist()
     assert (parallel[SMOL_PROMPT - 1:] - step_logits).abs().max().item() <= TOL
 
-    out = tmp_path / "smollm2"
-    write_import(conv, open_source(path), out)
-    loaded, hparams = load_model(out / CHECKPOINT_FILE)
-    a, b = loaded.state_dict(), ours.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a) and hparams["trained_lengths"] == [8192]
-    saved = AutoTokenizer.from_pretrained(str(out / TOKENIZER_DIR))
+    # the checkpoint's writing is the tiny model's (above); 540 MB more of it here would add ~7 s
+    save_tokenizer(tok, tmp_path / TOKENIZER_DIR)
+    saved = AutoTokenizer.from_pretrained(str(tmp_path / TOKENIZER_DIR))
     assert saved("Hello, world")["input_ids"] == tok("Hello, world")["input_ids"]
     assert saved.chat_template == tok.chat_template and "<|im_start|>" in saved.chat_template
 

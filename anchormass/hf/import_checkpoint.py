@@ -109,6 +109,12 @@ def convert(source, name: str | None = None, global_groups=None) -> Converted:
     return Converted(cfg, model, hf_model, source.tokenizer(), orders, _self_check(model, hf_model, cfg))
 
 
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """The source's tokenizer as a `transformers` folder, its chat template inside tokenizer_config.json
+    (where every reader of such a folder finds it, old or new)."""
+    tokenizer.save_pretrained(str(folder), save_jinja_files=False)
+
+
 def write_import(converted: Converted, source, out: Path) -> dict:
     """Write `converted` and `source`'s tokenizer into the new folder `out`; returns the summary."""
     from anchormass.hf.new_folder import staged_folder
@@ -121,8 +127,7 @@ def write_import(converted: Converted, source, out: Path) -> dict:
                "tokenizer_path": str(out.resolve() / TOKENIZER_DIR),  # where it is once the folder is in place
                "tokenizer_checksum": None, "data_fingerprint": None, "stage": "import", "imported_from": imported}
     with staged_folder(out) as staging:
-        # the chat template inside tokenizer_config.json, where every reader of the folder finds it
-        converted.tokenizer.save_pretrained(str(staging / TOKENIZER_DIR), save_jinja_files=False)
+        save_tokenizer(converted.tokenizer, staging / TOKENIZER_DIR)
         atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
                            "hyper_parameters": hparams}, staging / CHECKPOINT_FILE)
         atomic_write_json(staging / IMPORT_FILE, {**imported, "checkpoint": CHECKPOINT_FILE,
