@@ -3,13 +3,13 @@ shapes and parameter count, the defaults that leave every existing model as it w
 
 import pytest
 import torch
+from _gqa_helpers import gqa_config
 
 from anchormass.errors import ConfigError
 from anchormass.models import build_model
 from anchormass.models.accounting import count_parameters, kv_bytes_per_token, kv_bytes_session, param_count
 from anchormass.models.config import ModelConfig, load_model_config
 from anchormass.models.reference import reference_anchormass_attention, repeat_kv
-from tests._gqa_helpers import gqa_config
 
 
 def test_defaults_leave_the_model_as_it_was():
