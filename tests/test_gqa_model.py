@@ -8,8 +8,9 @@ from _gqa_helpers import gqa_config
 from anchormass.errors import ConfigError
 from anchormass.models import build_model
 from anchormass.models.accounting import count_parameters, kv_bytes_per_token, kv_bytes_session, param_count
+from anchormass.models.attention_base import repeat_kv
 from anchormass.models.config import ModelConfig, load_model_config
-from anchormass.models.reference import reference_anchormass_attention, repeat_kv
+from anchormass.models.reference import reference_anchormass_attention
 
 
 def test_defaults_leave_the_model_as_it_was():
@@ -71,12 +72,19 @@ def test_reference_shares_each_kv_head_with_its_query_group():
     assert (got - want).abs().max().item() <= 1e-6
 
 
-def test_resume_checks_the_new_fields_and_accepts_checkpoints_older_than_them():
-    from anchormass.errors import CheckpointError
-    from anchormass.training.run import check_same_architecture
+def test_retrofit_slot_probe_reads_query_heads_of_a_gqa_model():
+    """The probe's per-query attention (weights over sinks, slots and tail) reproduces the model's
+    global heads under GQA: k, v reach it copied to the query heads they serve."""
+    from anchormass.eval.suites.retrofit.slot_probe import LayerView, probe_forward
 
-    cfg = load_model_config("anchormass_tiny")
-    old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
-    check_same_architecture(old, cfg, "old.ckpt")  # no error: the same model
-    with pytest.raises(CheckpointError, match="n_kv_heads: None in checkpoint vs 2.*tie_embeddings"):
-        check_same_architecture(old, cfg.replace(n_kv_heads=2, tie_embeddings=True), "old.ckpt")
+    cfg = gqa_config("anchormass", block_size=16, group_size=4, n_sinks=3, window=8)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    ids = torch.randint(0, 1000, (1, 70))
+    _, layers = probe_forward(model, ids, [69])
+    qkv = layers[1]
+    assert qkv.k.shape[1] == cfg.n_heads
+    kv = qkv.k[:, ::2], qkv.v[:, ::2]  # the KV heads themselves (copies sit in consecutive pairs)
+    want = reference_anchormass_attention(qkv.q, *kv, cfg)[0, cfg.n_local_heads:, 69]  # [Hg, D]
+    weights, vals, _ = LayerView(cfg, qkv).attention(0, 69)
+    assert ((weights[..., None] * vals.double()).sum(1) - want.double()).abs().max().item() <= 1e-5
