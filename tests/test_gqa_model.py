@@ -51,6 +51,19 @@ def test_gqa_tied_model_shapes_count_and_forward(arch):
     assert logits.shape == (2, 90, 1000) and torch.isfinite(logits).all()
 
 
+def test_a_smollm2_135m_shape_counts_as_the_published_model():
+    """Llama shape of SmolLM2-135M: 30 layers, d 576, 9 query / 3 KV heads of 64, MLP 1536, vocab
+    49152, tied: 134,515,008 parameters, built and analytic."""
+    cfg = load_model_config("standard_tiny").replace(
+        vocab_size=49152, n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn_dim=1536,
+        tie_embeddings=True, rope_theta=100000.0, n_local_heads=3, n_global_heads=6)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert count_parameters(model) == param_count(cfg) == 134_515_008
+    with torch.device("meta"):  # the AnchorMass twin: the same weights, 3 local + 6 global heads
+        assert count_parameters(build_model(cfg.replace(arch="anchormass"))) == 134_515_008
+
+
 def test_kv_bytes_count_kv_heads():
     std = gqa_config("standard")
     assert kv_bytes_session(std, 500) * 2 == kv_bytes_session(std.replace(n_kv_heads=None), 500)
