@@ -20,6 +20,7 @@ def test_defaults_leave_the_model_as_it_was():
     # a checkpoint written before the fields existed lacks them: it loads as the same model
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
     assert ModelConfig.from_dict(old) == cfg
+    assert cfg.replace(n_kv_heads=12) == cfg  # as many KV as query heads is spelled null
 
 
 @pytest.mark.parametrize("changes, fragment", [
