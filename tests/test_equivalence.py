@@ -6,10 +6,10 @@ grouped-query attention and tied embeddings (tests/_gqa_helpers.py).
 
 import pytest
 import torch
+from _gqa_helpers import gqa_config
 
 from anchormass.cache import new_cache
 from anchormass.models import build_model, load_model_config
-from tests._gqa_helpers import gqa_config
 
 TOL = 1e-4
 MODELS = {}

@@ -6,15 +6,16 @@ import os
 
 import pytest
 import torch
+from _gqa_helpers import gqa_config
+from test_anchormass_cache import run_chunks
 
 from anchormass.cache import make_cache
 from anchormass.cache.kv_policies import H2O, SnapKV, StreamingLLM, attention_probs
 from anchormass.cache.standard_cache import StandardLayerCache
 from anchormass.models.accounting import kv_bytes_session
 from anchormass.models.attention_anchormass import AnchorMassAttention
-from anchormass.models.reference import reference_anchormass_attention, repeat_kv
-from tests._gqa_helpers import gqa_config
-from tests.test_anchormass_cache import run_chunks
+from anchormass.models.attention_base import repeat_kv
+from anchormass.models.reference import reference_anchormass_attention
 
 # Short blocks and windows: a few hundred tokens cross many blocks; 2 KV heads per role.
 ODD = gqa_config("anchormass", window=5, block_size=16, group_size=4, n_sinks=3, prefill_chunk=32)

@@ -3,13 +3,14 @@ shapes and parameter count, the defaults that leave every existing model as it w
 
 import pytest
 import torch
+from _gqa_helpers import gqa_config
 
 from anchormass.errors import ConfigError
 from anchormass.models import build_model
 from anchormass.models.accounting import count_parameters, kv_bytes_per_token, kv_bytes_session, param_count
+from anchormass.models.attention_base import repeat_kv
 from anchormass.models.config import ModelConfig, load_model_config
-from anchormass.models.reference import reference_anchormass_attention, repeat_kv
-from tests._gqa_helpers import gqa_config
+from anchormass.models.reference import reference_anchormass_attention
 
 
 def test_defaults_leave_the_model_as_it_was():
@@ -19,6 +20,7 @@ def test_defaults_leave_the_model_as_it_was():
     # a checkpoint written before the fields existed lacks them: it loads as the same model
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
     assert ModelConfig.from_dict(old) == cfg
+    assert cfg.replace(n_kv_heads=12) == cfg  # as many KV as query heads is spelled null
 
 
 @pytest.mark.parametrize("changes, fragment", [
@@ -50,6 +52,19 @@ def test_gqa_tied_model_shapes_count_and_forward(arch):
     assert logits.shape == (2, 90, 1000) and torch.isfinite(logits).all()
 
 
+def test_a_smollm2_135m_shape_counts_as_the_published_model():
+    """Llama shape of SmolLM2-135M: 30 layers, d 576, 9 query / 3 KV heads of 64, MLP 1536, vocab
+    49152, tied: 134,515,008 parameters, built and analytic."""
+    cfg = load_model_config("standard_tiny").replace(
+        vocab_size=49152, n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn_dim=1536,
+        tie_embeddings=True, rope_theta=100000.0, n_local_heads=3, n_global_heads=6)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert count_parameters(model) == param_count(cfg) == 134_515_008
+    with torch.device("meta"):  # the AnchorMass twin: the same weights, 3 local + 6 global heads
+        assert count_parameters(build_model(cfg.replace(arch="anchormass"))) == 134_515_008
+
+
 def test_kv_bytes_count_kv_heads():
     std = gqa_config("standard")
     assert kv_bytes_session(std, 500) * 2 == kv_bytes_session(std.replace(n_kv_heads=None), 500)
@@ -71,12 +86,19 @@ def test_reference_shares_each_kv_head_with_its_query_group():
     assert (got - want).abs().max().item() <= 1e-6
 
 
-def test_resume_checks_the_new_fields_and_accepts_checkpoints_older_than_them():
-    from anchormass.errors import CheckpointError
-    from anchormass.training.run import check_same_architecture
+def test_retrofit_slot_probe_reads_query_heads_of_a_gqa_model():
+    """The probe's per-query attention (weights over sinks, slots and tail) reproduces the model's
+    global heads under GQA: k, v reach it copied to the query heads they serve."""
+    from anchormass.eval.suites.retrofit.slot_probe import LayerView, probe_forward
 
-    cfg = load_model_config("anchormass_tiny")
-    old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
-    check_same_architecture(old, cfg, "old.ckpt")  # no error: the same model
-    with pytest.raises(CheckpointError, match="n_kv_heads: None in checkpoint vs 2.*tie_embeddings"):
-        check_same_architecture(old, cfg.replace(n_kv_heads=2, tie_embeddings=True), "old.ckpt")
+    cfg = gqa_config("anchormass", block_size=16, group_size=4, n_sinks=3, window=8)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    ids = torch.randint(0, 1000, (1, 70))
+    _, layers = probe_forward(model, ids, [69])
+    qkv = layers[1]
+    assert qkv.k.shape[1] == cfg.n_heads
+    kv = qkv.k[:, ::2], qkv.v[:, ::2]  # the KV heads themselves (copies sit in consecutive pairs)
+    want = reference_anchormass_attention(qkv.q, *kv, cfg)[0, cfg.n_local_heads:, 69]  # [Hg, D]
+    weights, vals, _ = LayerView(cfg, qkv).attention(0, 69)
+    assert ((weights[..., None] * vals.double()).sum(1) - want.double()).abs().max().item() <= 1e-5

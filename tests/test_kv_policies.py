@@ -236,8 +236,9 @@ def test_budget_covering_the_sequence_is_exactly_the_full_cache(name):
 # ----------------------------------------------------------------------------- through the model
 @pytest.mark.parametrize("spec", ["standard_tiny", "gqa"])
 def test_policies_through_the_standard_tiny_model(spec):
+    from _gqa_helpers import gqa_config
+
     from anchormass.models import build_model
-    from tests._gqa_helpers import gqa_config
 
     torch.manual_seed(0)
     model = build_model(gqa_config("standard") if spec == "gqa" else spec).eval()  # gqa: 4 KV heads of 8

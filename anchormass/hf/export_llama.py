@@ -1,10 +1,11 @@
 """Standard checkpoint -> a native `LlamaForCausalLM` folder (config.json + model.safetensors).
 
 Our Standard model is a Llama: pre-RMSNorm blocks, SwiGLU (w1 = gate, w3 = up, w2 = down),
-an LM head tied or not, no biases, each K/V head shared by consecutive query heads (`repeat_kv`).
-RoPE needs no permutation: we already use the rotate-half layout (dimension i paired with i + D/2,
-frequency theta^(-2i/D)) that `transformers`' Llama applies, so q_proj / k_proj rows are copied as
-they are.
+no biases; its LM head tied or not (`tie_embeddings` -> `tie_word_embeddings`) and its KV heads
+(`n_kv_heads` -> `num_key_value_heads`; query head h reads KV head h // (n_heads / n_kv_heads),
+which is Llama's `repeat_kv` order). RoPE needs no permutation: we already use
+the rotate-half layout (dimension i paired with i + D/2, frequency theta^(-2i/D)) that
+`transformers`' Llama applies, so q_proj / k_proj rows are copied as they are.
 
 Dynamic NTK (docs/method.md §1): we fix the RoPE base once per session from the prompt length
 P, theta * (P / L)^(D / (D - 2)) when P > L = original_max_len, and keep it for every decoded

@@ -18,6 +18,13 @@ from anchormass.models.config import ModelConfig
 from anchormass.models.rope import apply_rope
 
 
+def repeat_kv(x: torch.Tensor, q_per_kv: int) -> torch.Tensor:
+    """[B, H_kv, T, D] -> [B, H_kv * q_per_kv, T, D]: KV head j copied to query heads j*g .. j*g + g - 1.
+    For readers that want one K/V per query head (the dense oracle, probes); attention itself
+    shares the KV heads without copying them."""
+    return x if q_per_kv == 1 else x.repeat_interleave(q_per_kv, dim=1)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()

@@ -94,6 +94,10 @@ class ModelConfig:
     activation_checkpointing: bool
 
     def __post_init__(self) -> None:
+        # One spelling per model: as many KV heads as query heads is plain multi-head attention,
+        # null, so configs, checkpoints and comparisons between them agree.
+        if type(self.n_kv_heads) is int and self.n_kv_heads == self.n_heads:
+            self.n_kv_heads = None
         self.validate()
 
     # ------------------------------------------------------------------ checks

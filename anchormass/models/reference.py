@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from anchormass.models.attention_base import repeat_kv
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
 
@@ -25,12 +26,6 @@ def _dense_softmax_attend(q, k, v, bias) -> torch.Tensor:
     """q [B,H,Tq,D], k/v [B,H,Tk,D], bias broadcastable to [B,H,Tq,Tk] (-inf = invisible)."""
     scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias.double()
     return (scores.softmax(dim=-1) @ v.double()).to(q.dtype)
-
-
-def repeat_kv(x: torch.Tensor, q_per_kv: int) -> torch.Tensor:
-    """[B, H_kv, T, D] -> [B, H_kv * q_per_kv, T, D]: KV head j copied to query heads j*g .. j*g + g - 1
-    (grouped-query attention, transformers' order)."""
-    return x.repeat_interleave(q_per_kv, dim=1)
 
 
 def reference_anchormass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -31,6 +31,7 @@ from anchormass.eval.report import annotated_heatmap, markdown, pct, plt, save_f
 from anchormass.eval.scoring import needs_standard, progress
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.inference import generate
+from anchormass.models.attention_base import repeat_kv
 
 
 @dataclass
@@ -54,7 +55,7 @@ class HitRateProbe(SnapKV):
             chosen = self.select(q_obs, layer.keys())[..., : self.budget - self.window]  # prefix part
             selected.scatter_(2, chosen, True)
         # [B, H, prefix]: each query head sees its KV head's selection
-        layer.state["hit_selected"] = selected.repeat_interleave(q_obs.shape[1] // layer.n_kv_heads, dim=1)
+        layer.state["hit_selected"] = repeat_kv(selected, q_obs.shape[1] // layer.n_kv_heads)
         layer.state["hit_hits"] = torch.zeros(layer.batch_size, q_obs.shape[1], dtype=torch.float64,
                                               device=layer.k.device)
         layer.state["hit_important"] = torch.zeros_like(layer.state["hit_hits"])
