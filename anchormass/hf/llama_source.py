@@ -9,6 +9,8 @@ raw GGUF tensor). The config is read first and on its own, so a model we refuse 
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +50,11 @@ class LlamaSource:
         folder, options = self._where()
         if self.kind == "safetensors":
             options["use_safetensors"] = True
+        # transformers' GGUF reader draws its own tqdm bar, which its logging settings do not silence
+        quiet = contextlib.redirect_stderr(io.StringIO()) if self.kind == "gguf" else contextlib.nullcontext()
         try:
-            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
+            with quiet:
+                return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
         except (ValueError, OSError) as err:
             raise DataError(f"src={self.path}: transformers cannot load its weights ({_first_line(err)})") from None
 
