@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: demo test setup clean-venv
+.PHONY: demo test setup clean-venv kvpress-env
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -29,3 +29,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 clean-venv:
 	rm -rf $(VENV)
+
+# kvpress in an environment of its own (it pins an older transformers): the peer that our SnapKV /
+# H2O / StreamingLLM are compared with, item by item (scripts/peers/kvpress_generate.py).
+KVPRESS_VENV := .venv-kvpress
+kvpress-env: $(KVPRESS_VENV)/.installed
+
+$(KVPRESS_VENV)/.installed: requirements-kvpress.txt
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-kvpress.txt
+	touch $@
