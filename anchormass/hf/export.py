@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
-from anchormass.utils import writable_dir
+from anchormass.utils import give_usual_modes, writable_dir
 
 FORMATS = ("auto", "llama", "anchormass")
 # Weight files in pickle formats (transformers' pytorch_model.bin, torch .pt/.pth/.ckpt, raw pickles).
@@ -94,6 +94,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
             "format": "llama" if as_llama else "anchormass", "tokenizer": str(Path(tok.path).resolve()),
             "tokenizer_sha256": tok.checksum, "trained_lengths": hparams.get("trained_lengths")})
         check_safetensors_only(staging)
+        give_usual_modes(staging)
         if out.exists():
             out.rmdir()  # empty (checked above)
         staging.rename(out)

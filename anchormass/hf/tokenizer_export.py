@@ -61,6 +61,7 @@ def hf_tokenizer(tok: Tokenizer):
         unk_token=piece(tok.unk_id), pad_token=piece(tok.pad_id), extra_special_tokens=list(ROLE_MARKERS),
         chat_template=CHAT_TEMPLATE, add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False,
         model_max_length=int(1e30),
+        padding_side="left",  # a decoder-only model generates after the prompt: pad before it
     )
 
 
