@@ -1,6 +1,6 @@
 """Prepare a dataset: `python scripts/prepare_data.py` or `anchormass-prepare` `data=<name> [data.key=value ...]`.
 
-Writes data/<name>/ (tokenizer.model, train.bin/val.bin + sidecars, meta.json); see
+Writes data/<name>/ (tokenizer.model or an imported tokenizer/ folder, train.bin/val.bin + sidecars, meta.json); see
 anchormass/data/prepare.py. Example: `python scripts/prepare_data.py data=demo` (offline, seconds);
 `data.out_dir=/tmp/x` writes elsewhere.
 """
