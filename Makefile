@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: demo test setup clean-venv
+.PHONY: demo test setup clean-venv english-corpus
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -29,3 +29,9 @@ $(STAMP): requirements.txt pyproject.toml
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The English corpus of configs/data/english_docs.yaml: the Python 3.11 and git documentation as
+# Debian ships them (installed under /usr/share/doc; root, or sudo). Tests never need it.
+english-corpus:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3.11-doc git-doc
