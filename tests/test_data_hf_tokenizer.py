@@ -256,3 +256,4 @@ def test_prepare_chat_sft_with_the_tokenizers_template(tmp_path, folder, tok):
     first = np.asarray(data.tokens("train")[offsets[0]:offsets[1]])
     assert tok.decode(first).startswith("<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\n")
     assert tok.decode(first[np.asarray(mask[offsets[0]:offsets[1]]) == 1]).endswith("<|im_end|>\n")
+

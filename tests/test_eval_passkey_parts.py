@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from anchormass.errors import ConfigError
-from anchormass.eval.items import PHRASINGS, Haystack, first_digit_run, make_trial, score_answer
+from anchormass.eval.items import PHRASINGS, Haystack, first_digit_run, make_trial, score_answer, trial_grid
 
 
 @pytest.mark.parametrize(
@@ -78,3 +78,20 @@ def test_too_short_and_bad_phrasing_are_config_errors():
         hay.build(make_trial(500, 0.5, 0, phrasing="haiku"))
     with pytest.raises(ConfigError, match="filler"):
         Haystack(CharTokenizer(), filler="lorem")
+
+
+def test_needle_jitter_gives_every_trial_of_a_length_its_own_alignment():
+    tok = CharTokenizer()
+    plain = Haystack(tok, filler="classic_en", lang="en")
+    jittered = Haystack(tok, filler="classic_en", lang="en", jitter=64)
+    depths, seeds = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0], [0, 1, 2]
+    starts = []
+    for t, t0 in zip(trial_grid([700], depths, seeds, jitter=64), trial_grid([700], depths, seeds)):
+        ids, (start, end) = jittered.build(t), jittered.needle_span(t)
+        assert len(ids) == 700 and ids[start:end] == tok.encode(PHRASINGS["en"]["plain"][1].format(key=t.key))
+        assert abs(start - plain.needle_span(t0)[0]) < 64  # still near its depth
+        assert plain.build(t) == plain.build(t0)  # without the option a trial lands where it always did
+        starts.append(start)
+    assert len({s % 64 for s in starts}) == len(starts) == 21  # no two share an alignment to 64-token blocks
+    with pytest.raises(ConfigError, match="needle_jitter"):
+        trial_grid([700], depths * 4, seeds, jitter=64)  # 84 trials cannot have 84 offsets in 64 positions

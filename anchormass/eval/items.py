@@ -6,7 +6,11 @@ built in token space,
 
     [instruction] + filler[:a] + needle(key) + filler[a:F] + question
 
-where F is whatever is left for filler and a = round(depth * F). Filler comes from a token
+where F is whatever is left for filler and a = round(depth * F), or, with `needle_jitter: B`, the
+first position at or after it (one block earlier at the very end) where the needle starts at the
+trial's own offset in a B-token block: trial_grid spreads the offsets of one length's trials evenly
+over the block, so no two trials share an alignment to AnchorMass's compressed blocks (B = 64).
+Filler comes from a token
 stream: a fixed sentence group tokenised once and repeated (cut at token level, so any length
 is hit exactly), or natural text read from a token file at a seeded offset. Every piece is
 tokenised on its own, so the same key and depth give the same tokens whatever the filler.
@@ -22,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +81,12 @@ class Trial:
     seed: int
     key: str
     phrasing: str
+    align: int | None = None  # the needle's start position mod the haystack's jitter block; None: at the depth
 
     def as_dict(self) -> dict:
-        return {"length": self.length, "depth": self.depth, "seed": self.seed, "key": self.key,
-                "phrasing": self.phrasing}
+        out = {"length": self.length, "depth": self.depth, "seed": self.seed, "key": self.key,
+               "phrasing": self.phrasing}
+        return out if self.align is None else {**out, "align": self.align}
 
 
 def make_trial(length: int, depth: float, seed: int, phrasing: str = "plain") -> Trial:
@@ -93,7 +99,7 @@ class Haystack:
     """Builds exact-length prompts for trials. `filler`: classic_en | classic_ja | tokens."""
 
     def __init__(self, tokenizer, filler: str = "classic_ja", lang: str = "ja",
-                 tokens: np.ndarray | None = None, bos: bool = False):
+                 tokens: np.ndarray | None = None, bos: bool = False, jitter: int = 0):
         if filler not in FILLERS:
             raise ConfigError(f"passkey filler must be one of {FILLERS}, got {filler!r}")
         if lang not in PHRASINGS:
@@ -104,6 +110,7 @@ class Haystack:
         self.filler = filler
         self.lang = lang
         self.bos = bos
+        self.jitter = int(jitter)  # block size the trials' `align` refers to (0: needles at their depth)
         self._tokens = tokens
         self._unit = None
         if filler != "tokens":
@@ -140,7 +147,7 @@ class Haystack:
             raise ConfigError(f"passkey length {trial.length} is shorter than the needle and question "
                               f"({trial.length - n_fill} tokens)")
         filler = self._filler(n_fill, trial).tolist()
-        at = int(round(trial.depth * n_fill))
+        at = self._needle_at(trial, len(head), n_fill)
         ids = head + filler[:at] + needle + filler[at:] + question
         assert len(ids) == trial.length
         return ids
@@ -149,8 +156,19 @@ class Haystack:
         """[start, end) token positions of the needle inside the built prompt."""
         head, needle, question = self.pieces(trial)
         n_fill = trial.length - len(head) - len(needle) - len(question)
-        start = len(head) + int(round(trial.depth * n_fill))
+        start = len(head) + self._needle_at(trial, len(head), n_fill)
         return start, start + len(needle)
+
+    def _needle_at(self, trial: Trial, n_head: int, n_fill: int) -> int:
+        """Filler tokens before the needle: round(depth * F), moved forward (less than a block) to
+        the trial's alignment when jittered, or one block back where that passes the end."""
+        at = int(round(trial.depth * n_fill))
+        if not self.jitter or trial.align is None:
+            return at
+        at += (trial.align - (n_head + at)) % self.jitter
+        if at > n_fill:
+            at -= self.jitter
+        return min(max(at, 0), n_fill)
 
 
 # Scoring an answer: NFKC, first digit run, exact / digits matched.
@@ -191,7 +209,7 @@ def build_haystack(suite: Suite, ctx: EvalContext) -> Haystack:
         tokens = open_tokens(Path(str(path)).expanduser(), tokenizer_checksum=getattr(ctx.tokenizer, "checksum", None))
         ctx.record_data(f"{suite.name}_filler", path)
     return Haystack(ctx.tokenizer, filler=suite.opt("filler", "classic_ja"), lang=suite.opt("lang", "ja"),
-                    tokens=tokens, bos=bool(suite.opt("bos", False)))
+                    tokens=tokens, bos=bool(suite.opt("bos", False)), jitter=int(suite.opt("needle_jitter", 0) or 0))
 
 
 def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial], *, max_new_tokens: int,
@@ -223,8 +241,15 @@ def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial
     return records
 
 
-def trial_grid(lengths, depths, seeds, phrasing: str = "plain") -> list[Trial]:
-    return [make_trial(int(L), float(d), int(s), phrasing) for L in lengths for d in depths for s in seeds]
+def trial_grid(lengths, depths, seeds, phrasing: str = "plain", jitter: int = 0) -> list[Trial]:
+    """Every (length, depth, seed). jitter > 0: the trials of one length get needle alignments
+    spread evenly over a `jitter`-token block, all different (Haystack(jitter=...) places them)."""
+    cells = [(float(d), int(s)) for d in depths for s in seeds]
+    if jitter and len(cells) > jitter:
+        raise ConfigError(f"needle_jitter {jitter}: {len(cells)} trials per length cannot all have their own "
+                          f"alignment in a {jitter}-token block")
+    return [replace(t, align=i * jitter // len(cells)) if jitter else t
+            for L in lengths for i, (d, s) in enumerate(cells) for t in [make_trial(int(L), d, s, phrasing)]]
 
 
 def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Haystack, list[Trial], int]:

@@ -44,10 +44,11 @@ class PasskeySuite(Suite):
         self.rob_length = rob.get("length")
         self.rob_phrasings = list(rob.get("phrasings", list(PHRASINGS["ja"])))
         self.hay = build_haystack(self, ctx)
-        trials = trial_grid(self.lengths, self.depths, self.seeds, self.opt("phrasing", "plain"))
+        jitter = self.hay.jitter  # needle_jitter: each trial of a length at its own offset in a block
+        trials = trial_grid(self.lengths, self.depths, self.seeds, self.opt("phrasing", "plain"), jitter)
         if self.rob_length:
             trials += [t for p in self.rob_phrasings
-                       for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p)]
+                       for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p, jitter)]
         trials = list(dict.fromkeys(trials))  # the robustness run's plain trials may repeat the main ones
         for L in {t.length for t in trials}:
             ctx.check_length("passkey", L)
