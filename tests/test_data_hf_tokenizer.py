@@ -257,3 +257,34 @@ def test_prepare_chat_sft_with_the_tokenizers_template(tmp_path, folder, tok):
     assert tok.decode(first).startswith("<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\n")
     assert tok.decode(first[np.asarray(mask[offsets[0]:offsets[1]]) == 1]).endswith("<|im_end|>\n")
 
+
+
+def test_export_and_harness_wrapper_keep_the_imported_tokenizer(tmp_path, tok):
+    """hf/tokenizer_export.py (exports, lm-eval): the imported tokenizer as transformers sees it."""
+    pytest.importorskip("transformers")
+    from anchormass.hf.tokenizer_export import export_tokenizer, hf_tokenizer
+
+    wrapped = hf_tokenizer(tok)
+    assert wrapped.encode(TEXT[:200], add_special_tokens=False) == tok.encode(TEXT[:200])
+    assert (wrapped.eos_token_id, wrapped.pad_token_id, wrapped.bos_token_id) == (tok.eos_id, tok.pad_id, tok.bos_id)
+    export_tokenizer(tok, tmp_path / "export")
+    again = load_tokenizer(tmp_path / "export")
+    messages = _messages(True, 1)
+    assert again.apply_chat_template(messages) == tok.apply_chat_template(messages)
+    assert again.encode(TEXT[:200]) == tok.encode(TEXT[:200])
+
+
+def test_prepare_data_tokenizer_option_names_the_data_tokenizer(folder):
+    """`prepare_data.py data=english_docs tokenizer=<folder>`: the short spelling of data.tokenizer.path."""
+    from hydra import compose, initialize_config_dir
+
+    from anchormass.commands.prepare_data import check_data_config
+    from anchormass.utils import CONFIG_ROOT
+
+    with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
+        cfg = compose("prepare_data", overrides=["data=english_docs", f"tokenizer={folder}"])
+        bare = compose("prepare_data", overrides=["data=english_docs"])
+    check_data_config(cfg)
+    assert cfg.data.tokenizer.path == str(folder)
+    with pytest.raises(ConfigError, match="data.tokenizer.path is required"):
+        check_data_config(bare)
