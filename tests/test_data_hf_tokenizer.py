@@ -15,6 +15,7 @@ from anchormass.data.dataset_dir import PreparedDataset
 from anchormass.data.dedup import deduplicated
 from anchormass.data.hf_tokenizer import HFTokenizer
 from anchormass.data.html_text import html_text
+from anchormass.data.merge import merge_shards
 from anchormass.data.prepare import prepare
 from anchormass.data.sft import chat_prompt, render_example
 from anchormass.data.sources import SourcePart
@@ -202,11 +203,11 @@ def test_prepare_html_corpus_with_the_hf_tokenizer(tmp_path, folder, tok):
         (pages / f"p{i:02d}.html").write_text(PAGE.format(title=f"Topic {i}", para=para), encoding="utf-8")
     (pages / "p99.html").write_text((pages / "p03.html").read_text(encoding="utf-8"), encoding="utf-8")  # a copy
 
-    def run(workers: int):
+    def run(workers: int, **shard):
         return prepare({"name": "docs", "out_dir": str(tmp_path / f"docs{workers}"), "val_fraction": 0.3,
                         "source": {"kind": "files", "paths": [str(pages / "*.html")], "format": "text"},
-                        "cleaners": ["html"], "dedup_min_chars": 40, "num_workers": workers,
-                        "tokenizer": {"path": str(folder), "document_end": "<|endoftext|>"}})
+                        "cleaners": ["html"], "dedup_min_chars": 40, "num_workers": workers, "block_docs": 4,
+                        "tokenizer": {"path": str(folder), "document_end": "<|endoftext|>"}, **shard})
 
     out, meta = run(1)
     assert (meta["tokenizer"], meta["tokenizer_kind"]) == ("tokenizer", "huggingface")
@@ -220,10 +221,15 @@ def test_prepare_html_corpus_with_the_hf_tokenizer(tmp_path, folder, tok):
     paragraphs = {s: {p for d in ds for p in d.split("\n\n") if len(p) >= 40} for s, ds in docs.items()}
     assert not paragraphs["train"] & paragraphs["val"]  # no held-out paragraph is also a training one
     assert sum("repeats word for word" in d for split in docs.values() for d in split) == 1
-    # two worker processes (each loads the folder's copy of the tokenizer) write the same files
+    # two worker processes (each loads the folder's copy of the tokenizer), and two shards merged
+    # (each deduplicating the whole stream, encoding its own blocks), write the same files
     out2, _ = run(2)
+    for i in range(2):
+        run(1, num_shards=2, shard_index=i)
+    merged, _ = merge_shards([str(tmp_path / "docs1.shard-*-of-2")], str(tmp_path / "merged"))
+    assert load_tokenizer(merged / "tokenizer").checksum == tok.checksum
     for name in ("train.bin", "val.bin", "train.bin.json", "val.bin.json"):
-        assert (out2 / name).read_bytes() == (out / name).read_bytes()
+        assert (out2 / name).read_bytes() == (out / name).read_bytes() == (merged / name).read_bytes()
 
 
 def test_document_end_must_be_a_token(tmp_path, folder):
