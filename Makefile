@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: demo test setup clean-venv kvpress-env
+.PHONY: demo test setup clean-venv kvpress-env english-corpus
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -39,3 +39,9 @@ $(KVPRESS_VENV)/.installed: requirements-kvpress.txt
 	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-kvpress.txt
 	touch $@
+
+# The English corpus of configs/data/english_docs.yaml: the Python 3.11 and git documentation as
+# Debian ships them (installed under /usr/share/doc; root, or sudo). Tests never need it.
+english-corpus:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3.11-doc git-doc
