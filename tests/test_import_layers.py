@@ -32,6 +32,7 @@ LAYERS = {
     "eval": 9,                               # evaluation suites (may drive anything below)
     "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
     "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top
+    "__main__": 12,                          # `python -m anchormass`: lists the commands
 }
 
 

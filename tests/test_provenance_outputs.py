@@ -47,3 +47,11 @@ def test_code_beside_or_inside_ordinary_folders_is_still_dirty(repo):
     write(repo / "exports_notes" / "helper.py", "y = 2\n")   # not an output folder: no marker file
     state = git_state(repo)
     assert state["dirty"] is True and state["untracked_source"] == ["exports_notes/helper.py"]
+
+
+def test_code_version_names_the_install_where_there_is_no_checkout():
+    import anchormass
+    from anchormass.utils import code_version
+
+    assert code_version(None) == f"anchormass {anchormass.__version__} (installed, no checkout)"
+    assert code_version() == git_commit()  # in a checkout: the commit

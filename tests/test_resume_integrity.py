@@ -81,13 +81,13 @@ def test_tensorboard_history_is_continued_across_a_resume(data, tmp_path):
         assert got == want, tag  # today: step 4 twice, and the interrupted run's step-4 validation
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """History rows of an offline run folder's .wandb file (a LevelDB-style log of protobuf records)."""
+def wandb_records(run_dir: Path) -> list:
+    """The protobuf records of an offline run folder's .wandb file (a LevelDB-style log)."""
     from wandb.proto import wandb_internal_pb2
 
     raw = next(run_dir.glob("*.wandb")).read_bytes()
     assert raw[:4] == b":W&B"
-    block, head, pos, pending, rows = 32768, 7, 7, b"", []
+    block, head, pos, pending, records = 32768, 7, 7, b"", []
     while pos + head <= len(raw):
         if block - pos % block < head:  # a block's tail too short for a header is padding
             pos += block - pos % block
@@ -102,20 +102,29 @@ def wandb_history(run_dir: Path) -> list[dict]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
+            records.append(record)
+    return records
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """History rows of an offline run, in order."""
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "history"]
 
 
 @pytest.mark.slow
 def test_wandb_resumed_segment_continues_the_step_axis(data, tmp_path):
     out = tmp_path / "run"
-    over = [f"data_dir={data['pretrain']}", *SIX, "logger=wandb"]
-    for extra in (STOP_AT_5, [f"ckpt_path={out / 'checkpoints' / 'step-0000004.ckpt'}"]):
+    over = [f"data_dir={data['pretrain']}", *SIX, "logger=wandb", "run_name=pair"]
+    for extra in ([*STOP_AT_5, "verbose=0"], [f"ckpt_path={out / 'checkpoints' / 'step-0000004.ckpt'}"]):
         proc = run_train([*over, *extra], out)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    first, resumed = (wandb_history(d) for d in sorted((out / "wandb").glob("offline-run-*")))
+        if "verbose=0" in extra:  # quiet means wandb's banners too
+            assert "wandb:" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    folders = sorted((out / "wandb").glob("offline-run-*"))
+    (run,) = [r.run for r in wandb_records(folders[0]) if r.WhichOneof("record_type") == "run"][:1]
+    assert run.run_group == "pair" and list(run.tags) == ["anchormass_tiny", "pretrain_1k"]  # the curriculum's group
+    first, resumed = (wandb_history(d) for d in folders)
     # wandb's own step is the trainer's: one row per step, and the resumed segment starts at the
     # checkpoint's step (today it restarts at 0 and counts log calls).
     assert [r["_step"] for r in first] == [0, 1, 2, 3, 4]

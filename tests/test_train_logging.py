@@ -38,7 +38,8 @@ def read_events(folder):
 
 def test_tensorboard_has_the_usual_tags_and_the_run_record(data, tmp_path):
     out = tmp_path / "run"
-    train(compose_train([f"data_dir={data['pretrain']}", *FAST, "logger=tensorboard", "trainer.log_every_n_steps=1",
+    # The trainer preset's own logging cadence (no log_every_n_steps override): a 2-step run logs every step.
+    train(compose_train([f"data_dir={data['pretrain']}", *FAST, "logger=tensorboard",
                          f"trainer.gradient_clip_val={CLIP}", "optim.weight_decay=0.05"], out))
     scalars, hparams, metrics = read_events(out / "tensorboard")
 
@@ -50,6 +51,8 @@ def test_tensorboard_has_the_usual_tags_and_the_run_record(data, tmp_path):
     (val_step, val_loss), = scalars["val/loss"]
     assert scalars["val/ppl"] == [(val_step, pytest.approx(math.exp(val_loss), rel=1e-5))]
     assert scalars["lr/no_decay"] == scalars["lr/decay"]  # one schedule, two groups
+    assert [step for step, _ in scalars["lr/decay"]] == [0, 1]  # from the first step on
+    assert scalars["train/tokens_seen"] == [(0, 2 * 64), (1, 4 * 64)]  # 2 rows of 64 tokens a step
 
     assert hparams["optim.weight_decay"] == pytest.approx(0.05) and hparams["output_dir"] == str(out)
     assert hparams["model.vocab_size"] == 400  # the model trained: its vocabulary comes from the data

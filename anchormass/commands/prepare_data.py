@@ -1,8 +1,10 @@
 """Prepare a dataset: `python scripts/prepare_data.py` or `anchormass-prepare` `data=<name> [data.key=value ...]`.
 
-Writes data/<name>/ (tokenizer.model, train.bin/val.bin + sidecars, meta.json); see
-anchormass/data/prepare.py. Example: `python scripts/prepare_data.py data=demo` (offline, seconds);
-`data.out_dir=/tmp/x` writes elsewhere.
+Writes data/<name>/ (tokenizer.model or an imported tokenizer/ folder, train.bin/val.bin + sidecars,
+meta.json); see anchormass/data/prepare.py. Example: `python scripts/prepare_data.py data=demo`
+(offline, seconds); `data.out_dir=/tmp/x` writes elsewhere; `tokenizer=<path>` (short for
+data.tokenizer.path) tokenises with an existing tokenizer: a SentencePiece .model file or a Hugging
+Face tokenizer folder, e.g. `data=english_docs tokenizer=<imported checkpoint>/tokenizer`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from anchormass.utils import CONFIG_ROOT
 ConfigStore.instance().store(name="prepare_data", node={
     "defaults": [{"data": "demo"}, {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"},
                  "_self_"],
+    "tokenizer": None,  # tokenizer=<path>: data.tokenizer.path, shorter (check_data_config moves it there)
     "hydra": {"output_subdir": None, "run": {"dir": "."}},
 })
 
@@ -37,6 +40,8 @@ def run(cfg: DictConfig) -> None:
 
 
 def check_data_config(cfg: DictConfig) -> None:
+    if cfg.get("tokenizer"):  # before the check: it fills a required data.tokenizer.path
+        OmegaConf.update(cfg, "data.tokenizer.path", str(cfg.tokenizer), force_add=True)
     check_required(cfg.data)  # data=alpaca without data.tokenizer.path (keys are named from the root)
 
 

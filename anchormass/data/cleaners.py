@@ -6,6 +6,7 @@ import re
 import unicodedata
 from typing import Callable
 
+from anchormass.data.html_text import html_text
 from anchormass.errors import ConfigError
 
 # Aozora Bunko markup (https://www.aozora.gr.jp/annotation/): ruby readings 《…》, the ruby-start
@@ -45,7 +46,8 @@ def nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-CLEANERS: dict[str, Callable[[str], str]] = {"aozora": aozora, "whitespace": whitespace, "nfkc": nfkc}
+CLEANERS: dict[str, Callable[[str], str]] = {"aozora": aozora, "whitespace": whitespace, "nfkc": nfkc,
+                                             "html": html_text}  # HTML page -> its text (html_text.py)
 
 
 def get_cleaners(names: list[str] | str | None) -> list[Callable[[str], str]]:

@@ -1,7 +1,9 @@
 """A prepared dataset folder `data/<name>/` and its metadata.
 
-    tokenizer.model          SentencePiece model (tokenizer.py)
-    meta.json                name, kind (pretrain | sft), vocab_size, tokenizer checksum, special ids,
+    tokenizer.model          SentencePiece model (tokenizer.py), or
+    tokenizer/               an imported Hugging Face tokenizer folder (hf_tokenizer.py)
+    meta.json                name, kind (pretrain | sft), vocab_size, tokenizer (which of the two),
+                             tokenizer kind and checksum, special ids,
                              source description, per-split token counts
     <split>.bin(.json)       uint16 tokens + sidecar, split in {train, val}
     <split>.mask.bin(.json)  sft only: uint8 loss mask, 1 where the token is a loss target
@@ -23,7 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from anchormass.data.token_file import open_tokens, read_sidecar, verify_token_file
-from anchormass.data.tokenizer import Tokenizer
+from anchormass.data.tokenizer_base import TokenizerBase
+from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
 from anchormass.errors import DataError
 from anchormass.utils import resolve_path
 
@@ -49,10 +52,11 @@ def read_metadata(data_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def base_meta(cfg: Mapping[str, Any], kind: str, tok: Tokenizer, source: str) -> dict[str, Any]:
+def base_meta(cfg: Mapping[str, Any], kind: str, tok: TokenizerBase, source: str) -> dict[str, Any]:
     """The meta.json fields every kind writes (each adds its splits and own fields)."""
-    return {"name": cfg["name"], "kind": kind, "vocab_size": tok.vocab_size, "tokenizer": "tokenizer.model",
-            "tokenizer_checksum": tok.checksum, "special_ids": tok.special_ids(), "source": source}
+    return {"name": cfg["name"], "kind": kind, "vocab_size": tok.vocab_size, "tokenizer": tok.file_name,
+            "tokenizer_kind": tok.kind, "tokenizer_checksum": tok.checksum, "special_ids": tok.special_ids(),
+            "source": source}
 
 
 def fingerprint(data_dir: str | Path, split: str = "train") -> str:
@@ -84,9 +88,10 @@ class PreparedDataset:
         self.meta = read_metadata(self.root)
         self.kind = self.meta["kind"]
         self.vocab_size = int(self.meta["vocab_size"])
-        self.tokenizer = Tokenizer.load(self.root / "tokenizer.model")
+        self.tokenizer_path = tokenizer_in(self.root, self.meta)
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
         if self.tokenizer.checksum != self.meta["tokenizer_checksum"]:
-            raise DataError(f"{self.root}: tokenizer.model does not match meta.json (checksum differs)")
+            raise DataError(f"{self.root}: {self.tokenizer_path.name} does not match meta.json (checksum differs)")
         if self.tokenizer.vocab_size != self.vocab_size:
             raise DataError(f"{self.root}: tokenizer has {self.tokenizer.vocab_size} pieces, meta.json says "
                             f"{self.vocab_size}")

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from anchormass.data.demo_corpus import CLASSIC_FILLER
-from anchormass.data.tokenizer import Tokenizer
+from anchormass.data.tokenizer_base import TokenizerBase
 from anchormass.errors import ConfigError, DataError
 
 
@@ -100,7 +100,7 @@ def _facts(rng: np.random.Generator, spec: LongContextSpec) -> list[tuple[str, s
     return out
 
 
-def _sentence_ends(tok: Tokenizer) -> np.ndarray:
+def _sentence_ends(tok: TokenizerBase) -> np.ndarray:
     """Boolean over the vocab: pieces ending a sentence (inserting after them keeps text readable)."""
     return np.array([tok.id_to_piece(i).rstrip().endswith((".", "。", "!", "?", "！", "？"))
                      for i in range(tok.vocab_size)], dtype=bool)
@@ -114,7 +114,7 @@ def _sentence_stop(source: np.ndarray, ends: np.ndarray, n_fill: int, rng: np.ra
     return max(n_fill, stop - 256) + int(hits[-1]) + 1 if len(hits) else stop
 
 
-def _fact_example(source: np.ndarray, ends: np.ndarray, tok: Tokenizer, spec: LongContextSpec, length: int,
+def _fact_example(source: np.ndarray, ends: np.ndarray, tok: TokenizerBase, spec: LongContextSpec, length: int,
                   rng: np.random.Generator, classic: np.ndarray | None = None,
                   stretch: bool = False) -> tuple[list[int], list[int]]:
     """One example of exactly `length` tokens (at least enough for its facts with `stretch`): filler
@@ -172,7 +172,7 @@ def without_sentences_naming(source: np.ndarray, ends: np.ndarray, token: int) -
     return source[~np.isin(sentence, named)]
 
 
-def _episodes(source: np.ndarray, ends: np.ndarray, tok: Tokenizer, spec: LongContextSpec, one: LongContextSpec,
+def _episodes(source: np.ndarray, ends: np.ndarray, tok: TokenizerBase, spec: LongContextSpec, one: LongContextSpec,
               classic: np.ndarray, rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """Short single-fact episodes (`one`: spec with n_facts=1) back to back up to spec.length tokens
     (the last one cut); `classic` is the tokenised classic filler."""
@@ -188,7 +188,7 @@ def _episodes(source: np.ndarray, ends: np.ndarray, tok: Tokenizer, spec: LongCo
     return ids[:spec.length], mask[:spec.length]
 
 
-def build_examples(source: np.ndarray, tok: Tokenizer, spec: LongContextSpec, n_examples: int, seed: int
+def build_examples(source: np.ndarray, tok: TokenizerBase, spec: LongContextSpec, n_examples: int, seed: int
                    ) -> Iterator[tuple[list[int], list[int]]]:
     """Yield (ids, mask) pairs of exactly spec.length tokens; `source` is a filler token array."""
     ends = _sentence_ends(tok)

@@ -12,7 +12,6 @@ from anchormass.data.dataset_dir import PreparedDataset, base_meta
 from anchormass.data.longctx import LongContextSpec, build_examples
 from anchormass.data.sft_writer import write_sft_split
 from anchormass.errors import ConfigError
-from anchormass.utils import atomic_write_bytes
 
 
 def write_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def write_longctx(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     spec = LongContextSpec(**lcfg)
     source = PreparedDataset(src_dir)
     tok = source.tokenizer
-    atomic_write_bytes(out / "tokenizer.model", (source.root / "tokenizer.model").read_bytes())
+    tok.save(out)
     desc = f"long-context retrieval over {src_dir} ({spec.n_facts} facts of {list(spec.kinds)}, {spec.length} tokens)"
     splits = {}
     for i, (name, n) in enumerate(counts.items()):

@@ -19,7 +19,7 @@ from anchormass.data.split_writer import SplitWriter
 from anchormass.data.staged_folder import build_folder
 from anchormass.errors import ConfigError, DataError
 from anchormass.path_checks import check_data_out_dir, check_folder_name
-from anchormass.utils import atomic_write_bytes, resolve_path
+from anchormass.utils import resolve_path
 
 # What every shard of one corpus must share (meta.json keys).
 _SHARED = ("dataset", "recipe")
@@ -69,7 +69,7 @@ def _part_blocks(readers: list[ShardReader], part: int) -> Iterator[EncodedBlock
 def _merge_into(readers: list[ShardReader], out: Path) -> dict[str, Any]:
     first = readers[0]
     data, recipe = first.meta["dataset"], first.meta["recipe"]
-    atomic_write_bytes(out / "tokenizer.model", (first.root / "tokenizer.model").read_bytes())
+    first.tokenizer.save(out)
     writer = SplitWriter(out, data["vocab_size"], data["tokenizer_checksum"], data["source"],
                          int(recipe["split_seed"]), float(recipe["val_fraction"]))
     try:

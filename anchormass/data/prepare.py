@@ -28,7 +28,7 @@ KINDS = {"pretrain": write_pretrain, "sft": write_sft, "longctx": write_longctx}
 _NUMBERS = {"split_seed": int, "val_fraction": float, "tokenizer.vocab_size": int,
             "tokenizer.character_coverage": float, "tokenizer.max_sentences": int, "tokenizer.seed": int,
             "tokenizer.num_threads": int, "num_workers": int, "num_shards": int, "shard_index": int,
-            "block_docs": int}
+            "block_docs": int, "dedup_min_chars": int}
 
 
 def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:

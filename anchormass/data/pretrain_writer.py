@@ -1,5 +1,7 @@
-"""Kind `pretrain`: documents (sources.py) -> cleaners -> train/val split by document (seeded) ->
-tokenizer trained on the train documents (or reused) -> train.bin / val.bin, eos after each document.
+"""Kind `pretrain`: documents (sources.py) -> cleaners -> [exact repeats dropped: dedup.py] ->
+train/val split by document (seeded) -> tokenizer trained on the train documents (or reused: a
+SentencePiece file or a Hugging Face folder) -> train.bin / val.bin, eos (or
+data.tokenizer.document_end) after each document.
 
 Cleaning + encoding run in `num_workers` processes (parallel_encode.py), streamed, in corpus
 order; `num_shards=K shard_index=i` writes shard i of K (shards.py) for merge.py to join.
@@ -8,17 +10,19 @@ The files are byte-identical for every num_workers, and merged shards equal a on
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from tqdm import tqdm
 
 from anchormass.data.dataset_dir import base_meta
+from anchormass.data.dedup import deduplicated
 from anchormass.data.parallel_encode import BLOCK_DOCS, BlockEncoder, limited, raw_blocks
 from anchormass.data.shards import write_shard
-from anchormass.data.sources import describe, iter_documents, source_parts
+from anchormass.data.sources import describe, iter_part, source_parts
 from anchormass.data.split_writer import SplitWriter, split_stream
-from anchormass.data.tokenizer import dataset_tokenizer
+from anchormass.data.tokenizer_loader import dataset_tokenizer, document_end_id
 from anchormass.errors import ConfigError
 
 
@@ -44,8 +48,14 @@ def write_pretrain(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     workers, shards, index, block_docs = _parallel_settings(cfg)
     split_stream(seed, val_fraction)  # checks val_fraction now: a shard run draws no split itself
 
+    dedup = int(cfg["dedup_min_chars"]) if cfg.get("dedup_min_chars") else None
+
+    def read_parts():  # one pass over the corpus (a deduplicated pass keeps its own memory of paragraphs)
+        parts = source_parts(src, cleaners)
+        return deduplicated(parts, dedup) if dedup else parts
+
     def split_docs(want_val: bool) -> Iterator[str]:
-        docs, _ = iter_documents(src, cleaners)
+        docs = itertools.chain.from_iterable(iter_part(p) for p in read_parts())
         is_val = split_stream(seed, val_fraction)
         return (d for d in docs if is_val() == want_val)
 
@@ -53,11 +63,12 @@ def write_pretrain(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     tok = dataset_tokenizer(cfg, out, lambda: tqdm(split_docs(False) if not max_docs else
                                             (d for _, d in zip(range(int(max_docs)), split_docs(False))),
                                             desc="tokenizer docs", unit="doc", leave=False))
-    parts = source_parts(src, cleaners)
+    parts = read_parts()
     desc = describe(parts)
-    base = base_meta(cfg, "pretrain", tok, desc)
+    end_id = document_end_id(cfg, tok)
+    base = {**base_meta(cfg, "pretrain", tok, desc), "document_end_id": end_id}
     progress = tqdm(desc="encode", unit="doc")
-    with BlockEncoder(tok, (out / "tokenizer.model").read_bytes(), workers) as encoder:
+    with BlockEncoder(tok, out / tok.file_name, workers, end_id) as encoder:
         if shards > 1:
             recipe = {"block_docs": block_docs, "split_seed": seed, "val_fraction": val_fraction}
             return write_shard(out, encoder, parts, index, shards, block_docs, progress,

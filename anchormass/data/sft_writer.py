@@ -14,11 +14,12 @@ from anchormass.data.sft import alpaca_records, pack_examples, render_example
 from anchormass.data.sources import iter_records
 from anchormass.data.split_writer import split_stream
 from anchormass.data.token_file import write_tokens
-from anchormass.data.tokenizer import Tokenizer, given_tokenizer
+from anchormass.data.tokenizer_base import TokenizerBase
+from anchormass.data.tokenizer_loader import given_tokenizer
 from anchormass.errors import DataError
 
 
-def write_sft_split(out: Path, split: str, examples, tok: Tokenizer, extra: dict, max_tokens=None) -> dict:
+def write_sft_split(out: Path, split: str, examples, tok: TokenizerBase, extra: dict, max_tokens=None) -> dict:
     tokens, mask, offsets, dropped = pack_examples(examples, max_tokens)
     side = {"tokenizer_checksum": tok.checksum, "split": split, **extra}
     write_tokens(out / f"{split}.bin", tokens, tok.vocab_size, side)
@@ -43,5 +44,6 @@ def write_sft(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
             raise DataError(f"the {name} split got no instruction examples (empty or too small input)")
     max_tokens = cfg.get("max_tokens")
     splits = {name: write_sft_split(out, name, exs, tok, {"source": desc}, max_tokens) for name, exs in split.items()}
-    return {**base_meta(cfg, "sft", tok, desc), "template": "chat-v1 (anchormass.data.sft)", "system": system,
+    template = "the tokenizer's own (its chat template)" if tok.chat_template else "chat-v1 (anchormass.data.sft)"
+    return {**base_meta(cfg, "sft", tok, desc), "template": template, "system": system,
             "splits": splits}

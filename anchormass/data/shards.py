@@ -7,8 +7,9 @@ then writes exactly the files a one-machine prepare writes. A shard folder:
 
     meta.json       kind "pretrain_shard" (training refuses it), shard index/count, the recipe
                     every shard must share, and per source the blocks held [block, docs, tokens]
-    tokenizer.model the tokenizer (each shard trains the same one, or all reuse tokenizer.path)
-    docs.bin(.json)     uint16 tokens of the owned blocks' documents, eos after each
+    tokenizer.model the tokenizer (each shard trains the same one, or all reuse tokenizer.path;
+                    a reused Hugging Face tokenizer is the folder tokenizer/)
+    docs.bin(.json)     uint16 tokens of the owned blocks' documents, the end id after each
     docs.idx.bin(.json) int64 [tokens, characters] per document
 
 Offsets are Python ints from the block table, so files past 2^31 tokens / 4 GiB read as any other.
@@ -25,7 +26,7 @@ import numpy as np
 
 from anchormass.data.parallel_encode import EncodedBlock, block_owner, raw_blocks
 from anchormass.data.token_file import TokenWriter, open_tokens
-from anchormass.data.tokenizer import Tokenizer
+from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
 from anchormass.errors import DataError
 
 SHARD_KIND = "pretrain_shard"
@@ -73,9 +74,10 @@ class ShardReader:
                             f"expected {SHARD_KIND!r}; prepare it with data.num_shards=K data.shard_index=i)")
         self.index, self.count = int(self.meta["shard"]["index"]), int(self.meta["shard"]["count"])
         data = self.meta["dataset"]
-        self.tokenizer = Tokenizer.load(self.root / "tokenizer.model")
+        self.tokenizer = load_tokenizer(tokenizer_in(self.root, data))
         if self.tokenizer.checksum != data["tokenizer_checksum"]:
-            raise DataError(f"{self.root}: tokenizer.model does not match meta.json (checksum differs)")
+            raise DataError(f"{self.root}: {tokenizer_in(self.root, data).name} does not match meta.json "
+                            f"(checksum differs)")
         # sizes and sidecars; ids are range-checked again as the merge writes them
         n_tokens = len(open_tokens(self.root / "docs.bin", vocab_size=data["vocab_size"],
                                    tokenizer_checksum=data["tokenizer_checksum"], check_ids=False))

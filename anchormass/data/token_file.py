@@ -35,6 +35,18 @@ _CHECK_CHUNK = 1 << 24  # tokens per chunk when scanning ids (bounded memory on 
 REBUILD = "re-run scripts/prepare_data.py for this dataset to rebuild it"
 
 
+def dtype_capacity(dtype: str) -> int:
+    """How many distinct ids a token file of `dtype` holds (65,536 for uint16)."""
+    return int(np.iinfo(dtype).max) + 1
+
+
+def _check_capacity(name: str, vocab_size: int, dtype: str) -> None:
+    # a larger vocabulary would wrap ids silently when cast to the file's dtype
+    if int(vocab_size) > dtype_capacity(dtype):
+        raise DataError(f"{name}: a vocabulary of {vocab_size} ids does not fit {dtype} token files "
+                        f"(at most {dtype_capacity(dtype)})")
+
+
 def sidecar_path(path: str | os.PathLike) -> Path:
     return Path(f"{path}.json")
 
@@ -47,6 +59,7 @@ class TokenWriter:
 
     def __init__(self, path: str | os.PathLike, vocab_size: int, dtype: str = TOKEN_DTYPE):
         self.path, self.vocab_size, self.dtype = Path(path), int(vocab_size), dtype
+        _check_capacity(self.path.name, self.vocab_size, dtype)
         self._file = AtomicFile(self.path)
         self._fh = open(self._file.tmp, "wb")
         self._digest, self.count = hashlib.sha256(), 0
@@ -144,6 +157,7 @@ def open_tokens(path: str | os.PathLike, *, vocab_size: int | None = None, token
     if size != int(meta["tokens"]) * itemsize:
         raise DataError(f"token file {path} is corrupt: {size} bytes but its sidecar says {meta['tokens']} tokens "
                         f"x {itemsize} bytes (truncated or mis-sized file); {REBUILD}")
+    _check_capacity(name, int(meta["vocab_size"]), dtype)
     if vocab_size is not None and int(meta["vocab_size"]) != int(vocab_size):
         raise DataError(f"{name}: vocab size {meta['vocab_size']} does not match the expected {vocab_size}")
     if tokenizer_checksum is not None and meta.get("tokenizer_checksum") != tokenizer_checksum:

@@ -5,6 +5,7 @@ Reserved ids, the same for every tokenizer this project trains:
     0 <pad>  1 <unk>  2 <s> (bos)  3 </s> (eos)  4 <|system|>  5 <|user|>  6 <|assistant|>  7 <|end|>
 The role markers are user-defined symbols: they are never split and `encode` maps their text
 to their id, so the chat template (anchormass.data.sft) can be written as plain text or as ids.
+The interface it implements, and the other kind of tokenizer behind it: tokenizer_base.py.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import itertools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from anchormass.errors import ConfigError, DataError
-from anchormass.utils import atomic_write_bytes, resolve_path
+from anchormass.data.tokenizer_base import TokenizerBase
+from anchormass.errors import DataError
+from anchormass.utils import atomic_write_bytes
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ROLE_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -30,7 +32,12 @@ MAX_VOCAB = 65_536  # token files are uint16
 _MAX_SENTENCE_BYTES = 8_192
 
 
-class Tokenizer:
+class Tokenizer(TokenizerBase):
+    """The project's SentencePiece tokenizer."""
+
+    kind = "sentencepiece"
+    file_name = "tokenizer.model"
+
     def __init__(self, model_bytes: bytes, path: str = "<memory>"):
         self.sp = spm.SentencePieceProcessor()
         try:
@@ -38,6 +45,7 @@ class Tokenizer:
         except Exception as err:  # sentencepiece raises RuntimeError / OSError on a bad proto
             raise DataError(f"tokenizer {path}: not a SentencePiece model ({type(err).__name__})") from err
         self.path = path
+        self.model_bytes = model_bytes
         self.checksum = hashlib.sha256(model_bytes).hexdigest()
         self.vocab_size = self.sp.get_piece_size()
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
@@ -59,14 +67,21 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text, out_type=int)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts, out_type=int)
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
 
     def id_to_piece(self, i: int) -> str:
         return self.sp.id_to_piece(int(i))
+
+    def token_id(self, text: str) -> int | None:
+        i = self.sp.piece_to_id(text)
+        return None if i == self.unk_id and text != self.sp.id_to_piece(i) else i
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        return atomic_write_bytes(Path(folder) / self.file_name, self.model_bytes)
 
     @property
     def role_ids(self) -> dict[str, int]:
@@ -121,25 +136,3 @@ def train_tokenizer(texts: Iterable[str], out_path: str | os.PathLike, vocab_siz
         raise DataError(f"tokenizer training failed: {str(err).strip().splitlines()[-1]}") from err
     atomic_write_bytes(out_path, model.getvalue())
     return Tokenizer(model.getvalue(), str(out_path))
-
-
-def dataset_tokenizer(cfg: Mapping[str, Any], out: Path, train_texts: Callable[[], Iterable[str]]) -> Tokenizer:
-    """The tokenizer of a dataset being prepared into `out`: the one at cfg.tokenizer.path (copied
-    in), or one trained on `train_texts()` with cfg.tokenizer's settings."""
-    tcfg = dict(cfg.get("tokenizer") or {})
-    if tcfg.get("path"):
-        tok = Tokenizer.load(resolve_path(tcfg["path"]))
-        atomic_write_bytes(out / "tokenizer.model", resolve_path(tcfg["path"]).read_bytes())
-        return tok
-    return train_tokenizer(
-        train_texts(), out / "tokenizer.model", int(tcfg.get("vocab_size", 28_000)),
-        model_type=tcfg.get("model_type", "unigram"), character_coverage=float(tcfg.get("character_coverage", 0.9995)),
-        max_sentences=int(tcfg.get("max_sentences", 2_000_000)), seed=int(tcfg.get("seed", 42)),
-        num_threads=int(tcfg.get("num_threads", 1)), hard_vocab_limit=bool(tcfg.get("hard_vocab_limit", True)))
-
-
-def given_tokenizer(cfg: Mapping[str, Any], out: Path) -> Tokenizer:
-    """The pretraining tokenizer a derived dataset (sft) must reuse: cfg.tokenizer.path is required."""
-    if not (cfg.get("tokenizer") or {}).get("path"):
-        raise ConfigError(f"data '{cfg['name']}': tokenizer.path is required (the pretraining tokenizer)")
-    return dataset_tokenizer(cfg, out, lambda: [])

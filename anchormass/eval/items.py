@@ -6,7 +6,10 @@ built in token space,
 
     [instruction] + filler[:a] + needle(key) + filler[a:F] + question
 
-where F is whatever is left for filler and a = round(depth * F). Filler comes from a token
+where F is whatever is left for filler and a = round(depth * F), moved by less than one 64-token
+block so that the needle's start falls on a different offset inside its compression block in every
+trial of a length (`align`, a seeded permutation of the offsets: otherwise every trial at one depth
+would test the same position relative to the block boundary, docs/method.md §2.3). Filler comes from a token
 stream: a fixed sentence group tokenised once and repeated (cut at token level, so any length
 is hit exactly), or natural text read from a token file at a seeded offset. Every piece is
 tokenised on its own, so the same key and depth give the same tokens whatever the filler.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import random
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,9 @@ PHRASINGS: dict[str, dict[str, tuple[str, str, str]]] = {
 FILLERS = ("classic_en", "classic_ja", "tokens")
 
 
+ALIGN_BLOCK = 64  # the compression block C of docs/method.md §2.3: the period of a needle's alignment
+
+
 @dataclass(frozen=True)
 class Trial:
     length: int
@@ -77,10 +83,11 @@ class Trial:
     seed: int
     key: str
     phrasing: str
+    align: int | None = None  # the needle's start position mod ALIGN_BLOCK (None: exactly at the depth)
 
     def as_dict(self) -> dict:
         return {"length": self.length, "depth": self.depth, "seed": self.seed, "key": self.key,
-                "phrasing": self.phrasing}
+                "phrasing": self.phrasing, "align": self.align}
 
 
 def make_trial(length: int, depth: float, seed: int, phrasing: str = "plain") -> Trial:
@@ -132,25 +139,33 @@ class Haystack:
         start = random.Random(f"filler/{trial.length}/{trial.seed}").randint(0, len(src) - n)
         return np.asarray(src[start:start + n], dtype=np.int64)
 
-    def build(self, trial: Trial) -> list[int]:
-        """Exactly trial.length token ids, needle at round(depth * filler) filler tokens in."""
+    def _layout(self, trial: Trial) -> tuple[list[int], list[int], list[int], int, int]:
+        """(head, needle, question, filler tokens F, filler tokens before the needle)."""
         head, needle, question = self.pieces(trial)
         n_fill = trial.length - len(head) - len(needle) - len(question)
         if n_fill < 0:
             raise ConfigError(f"passkey length {trial.length} is shorter than the needle and question "
                               f"({trial.length - n_fill} tokens)")
-        filler = self._filler(n_fill, trial).tolist()
         at = int(round(trial.depth * n_fill))
+        if trial.align is not None:
+            # Forward to the next start with the trial's offset in its block; back one block at the end.
+            at += (trial.align - (len(head) + at)) % ALIGN_BLOCK
+            if at > n_fill:
+                at = at - ALIGN_BLOCK if at >= ALIGN_BLOCK else int(round(trial.depth * n_fill))
+        return head, needle, question, n_fill, at
+
+    def build(self, trial: Trial) -> list[int]:
+        """Exactly trial.length token ids, the needle after about depth * F filler tokens (see `_layout`)."""
+        head, needle, question, n_fill, at = self._layout(trial)
+        filler = self._filler(n_fill, trial).tolist()
         ids = head + filler[:at] + needle + filler[at:] + question
         assert len(ids) == trial.length
         return ids
 
     def needle_span(self, trial: Trial) -> tuple[int, int]:
         """[start, end) token positions of the needle inside the built prompt."""
-        head, needle, question = self.pieces(trial)
-        n_fill = trial.length - len(head) - len(needle) - len(question)
-        start = len(head) + int(round(trial.depth * n_fill))
-        return start, start + len(needle)
+        head, needle, _, _, at = self._layout(trial)
+        return len(head) + at, len(head) + at + len(needle)
 
 
 # Scoring an answer: NFKC, first digit run, exact / digits matched.
@@ -223,8 +238,16 @@ def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial
     return records
 
 
-def trial_grid(lengths, depths, seeds, phrasing: str = "plain") -> list[Trial]:
-    return [make_trial(int(L), float(d), int(s), phrasing) for L in lengths for d in depths for s in seeds]
+def trial_grid(lengths, depths, seeds, phrasing: str = "plain", jitter: bool = True) -> list[Trial]:
+    """Every (length, depth, seed) trial. With `jitter`, the trials of one length get distinct needle
+    offsets inside the 64-token block (a permutation seeded by the length; they repeat only past 64
+    trials), so a depth grid does not test one block position over and over."""
+    trials = []
+    for L in lengths:
+        grid = [make_trial(int(L), float(d), int(s), phrasing) for d in depths for s in seeds]
+        offsets = random.Random(f"align/{int(L)}").sample(range(ALIGN_BLOCK), ALIGN_BLOCK)
+        trials += [replace(t, align=offsets[i % ALIGN_BLOCK]) if jitter else t for i, t in enumerate(grid)]
+    return trials
 
 
 def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Haystack, list[Trial], int]:
@@ -234,7 +257,8 @@ def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Hay
     options = Suite(dict(cfg))
     options.name = owner
     hay = build_haystack(options, ctx)
-    trials = trial_grid(lengths, cfg.get("depths", DEFAULT_DEPTHS), cfg.get("seeds", [0, 1, 2]))
+    trials = trial_grid(lengths, cfg.get("depths", DEFAULT_DEPTHS), cfg.get("seeds", [0, 1, 2]),
+                        jitter=bool(cfg.get("jitter", True)))
     for t in trials:
         ctx.check_length(owner, t.length)
         hay.build(t)

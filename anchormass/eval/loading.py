@@ -108,17 +108,22 @@ def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
     for p in paths:
         if not p.exists():
             raise DataError(f"tokenizer named by the checkpoint not found: {p} (pass tokenizer=<path>)")
-    if len(paths) == 2 and paths[0].resolve() != paths[1].resolve() and paths[0].is_file() \
-            and sha256_file(paths[0]) != sha256_file(paths[1]):
+    if len(paths) == 2 and paths[0].resolve() != paths[1].resolve() \
+            and _read_tokenizer(paths[0]).checksum != _read_tokenizer(paths[1]).checksum:
         raise CheckpointError(f"the two checkpoints use different tokenizers ({paths[0]} vs {paths[1]}); "
                               "a paired comparison needs identical token sequences")
     return paths[0] if paths else None
 
 
-def load_tokenizer(path: Path, models: list[EvalModel]):
-    from anchormass.data.tokenizer import Tokenizer
+def _read_tokenizer(path: Path):
+    """A SentencePiece file or a Hugging Face tokenizer folder (an imported model's)."""
+    from anchormass.data.tokenizer_loader import load_tokenizer as read
 
-    tok = Tokenizer.load(path)
+    return read(path)
+
+
+def load_tokenizer(path: Path, models: list[EvalModel]):
+    tok = _read_tokenizer(path)
     for m in models:
         check_tokenizer(tok, m.hparams, m.config.vocab_size, m.label)
     return tok

@@ -23,7 +23,7 @@ from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sha256_file
+from anchormass.utils import atomic_write_json, atomic_write_text, code_version, git_state, sha256_file
 
 
 def to_plain(cfg: Any) -> dict:
@@ -164,7 +164,7 @@ def _metadata(cfg: dict, names: list[str], is_all: bool, ctx: EvalContext, tok_p
     return {
         "suite": names if not is_all else "all",
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
-        "git_commit": None if git is None else git["commit"] + ("-dirty" if git["dirty"] else ""),
+        "git_commit": code_version() if git is None else git["commit"] + ("-dirty" if git["dirty"] else ""),
         "git": git,
         "versions": versions(),
         "device": str(ctx.device),

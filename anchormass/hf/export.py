@@ -40,7 +40,7 @@ def quiet_transformers() -> None:
 
 def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
-    from anchormass.data.tokenizer import Tokenizer
+    from anchormass.data.tokenizer_loader import load_tokenizer
     from anchormass.training.checkpoint import check_tokenizer, load_model, stored_path
 
     model, hparams = load_model(ckpt)
@@ -48,9 +48,9 @@ def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     if not named:
         raise ConfigError(f"checkpoint {ckpt} names no tokenizer: pass tokenizer=<path to tokenizer.model>")
     tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else stored_path(named)
-    if not tok_path.is_file():
+    if not tok_path.exists():
         raise DataError(f"tokenizer not found: {tok_path} (pass tokenizer=<path to tokenizer.model>)")
-    tok = Tokenizer.load(tok_path)
+    tok = load_tokenizer(tok_path)
     check_tokenizer(tok, hparams, model.cfg.vocab_size, Path(ckpt).stem)
     return model, hparams, tok
 

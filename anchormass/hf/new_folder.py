@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from anchormass.errors import ConfigError
-from anchormass.utils import writable_dir
+from anchormass.utils import give_usual_modes, writable_dir
 
 
 def check_new_folder(out: Path, what: str = "out") -> None:
@@ -30,6 +30,7 @@ def staged_folder(out: Path) -> Iterator[Path]:
     staging.mkdir(parents=True)
     try:
         yield staging
+        give_usual_modes(staging)  # safetensors and friends leave 0600 files beside 0644 ones
         if out.exists():
             out.rmdir()  # empty (check_new_folder)
         staging.rename(out)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anchormass.data.tokenizer import ROLE_MARKERS, Tokenizer
+from anchormass.data.tokenizer import ROLE_MARKERS
+from anchormass.data.tokenizer_base import TokenizerBase
 from anchormass.errors import DataError
 
 # Turn contents are used as given, like chat_prompt (render_example strips them before).
@@ -36,10 +37,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def hf_tokenizer(tok: Tokenizer):
-    """A `PreTrainedTokenizerFast` giving `tok`'s ids (see the module docstring)."""
+def hf_tokenizer(tok: TokenizerBase):
+    """A `PreTrainedTokenizerFast` giving `tok`'s ids (see the module docstring); an imported
+    Hugging Face tokenizer is one already and keeps its own chat template."""
     from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
+
+    if tok.kind == "huggingface":
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok.backend, chat_template=tok.chat_template, clean_up_tokenization_spaces=False,
+            model_max_length=int(1e30), **{k: v for k, v in tok.special_tokens.items() if v})
     from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
 
     proto = import_protobuf().ModelProto.FromString(tok.sp.serialized_model_proto())
@@ -61,8 +68,9 @@ def hf_tokenizer(tok: Tokenizer):
         unk_token=piece(tok.unk_id), pad_token=piece(tok.pad_id), extra_special_tokens=list(ROLE_MARKERS),
         chat_template=CHAT_TEMPLATE, add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False,
         model_max_length=int(1e30),
+        padding_side="left",  # a decoder-only model generates after the prompt: pad before it
     )
 
 
-def export_tokenizer(tok: Tokenizer, out_dir: str | Path) -> None:
+def export_tokenizer(tok: TokenizerBase, out_dir: str | Path) -> None:
     hf_tokenizer(tok).save_pretrained(str(out_dir))

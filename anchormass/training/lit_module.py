@@ -5,9 +5,11 @@ Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_
 that make a resume reproduce the same schedule. The loggers get the run record instead
 (training/run_record.py: the resolved config, the code, the data).
 
-Logged: `train/loss`, `train/target_tokens`, `train/grad_norm` (before clipping), `val/loss` and
-`val/ppl` (= exp(val/loss)); the learning rate per named group comes from LearningRateMonitor
-(`lr/decay`, `lr/no_decay`). Logging reads values only: it changes no number of the training.
+Logged: `train/loss`, `train/target_tokens`, `train/grad_norm` (before clipping), `train/tokens_seen`
+(input tokens of every rank since the stage began, carried across resumes in the checkpoint: an x axis
+that compares runs of different batch shapes), `val/loss` and `val/ppl` (= exp(val/loss)); the learning
+rate per named group comes from LearningRateMonitor (`lr/decay`, `lr/no_decay`). Logging reads values
+only: it changes no number of the training.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class LitLanguageModel(L.LightningModule):
         self.model = build_model(cfg)
         self.model_cfg = cfg
         self._warned_empty = False
+        self._tokens_seen = 0  # input tokens over all ranks, this stage (restored on resume)
         self._val_sum, self._val_rows = 0.0, 0  # val/loss as Lightning averages it, for val/ppl
 
     # ------------------------------------------------------------------ loss
@@ -71,6 +74,8 @@ class LitLanguageModel(L.LightningModule):
             rank_zero_warn(f"step {self.global_step}: a training batch has no loss targets (all -100); "
                            f"are the SFT examples longer than seq_len={self.hparams.seq_len}?")
         multi = self.trainer.world_size > 1
+        # Every rank reads a micro-batch of the same shape, so the global count needs no communication.
+        self._tokens_seen += batch["input_ids"].numel() * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True, sync_dist=multi)
         self.log("train/target_tokens", n_tokens.float(), reduce_fx="sum", sync_dist=multi)
         return loss
@@ -78,6 +83,13 @@ class LitLanguageModel(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         # Called once per optimizer step, after gradient accumulation and before clipping.
         self.log("train/grad_norm", grad_norm(self, self.trainer.strategy), on_step=True, on_epoch=False)
+        self.log("train/tokens_seen", float(self._tokens_seen), on_step=True, on_epoch=False)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokens_seen"] = int(self._tokens_seen)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._tokens_seen = int(checkpoint.get("tokens_seen", 0))  # older checkpoints: count from here
 
     def on_validation_epoch_start(self) -> None:
         self._val_sum, self._val_rows = 0.0, 0

@@ -125,6 +125,10 @@ class ContinuingWandbLogger(WandbLogger):
     def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._resume_step = resume_step
+        # Lightning always passes `anonymous` (None unless set), and wandb warns that the setting is
+        # gone on every run: an unset value is dropped so the console stays quiet.
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -14,8 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-import anchormass
-from anchormass.utils import git_commit
+from anchormass.utils import code_version
 
 
 def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -32,7 +31,7 @@ def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def run_record(cfg: DictConfig, model_config: dict, data_fingerprint: str) -> dict[str, Any]:
     record = flat(OmegaConf.to_container(cfg, resolve=True))
     record.update(flat({"model": model_config}))
-    record["git_commit"] = git_commit() or f"anchormass {anchormass.__version__} (installed, no checkout)"
+    record["git_commit"] = code_version()
     record["data_fingerprint"] = data_fingerprint
     return record
 

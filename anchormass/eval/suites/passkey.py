@@ -44,11 +44,16 @@ class PasskeySuite(Suite):
         self.rob_length = rob.get("length")
         self.rob_phrasings = list(rob.get("phrasings", list(PHRASINGS["ja"])))
         self.hay = build_haystack(self, ctx)
-        trials = trial_grid(self.lengths, self.depths, self.seeds, self.opt("phrasing", "plain"))
+        jitter = bool(self.opt("jitter", True))
+        trials = trial_grid(self.lengths, self.depths, self.seeds, self.opt("phrasing", "plain"), jitter=jitter)
         if self.rob_length:
-            trials += [t for p in self.rob_phrasings
-                       for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p)]
-        trials = list(dict.fromkeys(trials))  # the robustness run's plain trials may repeat the main ones
+            # A robustness trial that is a main one (same length, depth, seed and phrasing) is that trial,
+            # needle offset included, so it runs once and the main table keeps its own count.
+            main = {(t.length, t.depth, t.seed, t.phrasing): t for t in trials}
+            trials += [main.get((t.length, t.depth, t.seed, t.phrasing), t) for p in self.rob_phrasings
+                       for t in trial_grid([self.rob_length], self.depths, rob.get("seeds", self.seeds), p,
+                                           jitter=jitter)]
+        trials = list(dict.fromkeys(trials))
         for L in {t.length for t in trials}:
             ctx.check_length("passkey", L)
         for t in trials:

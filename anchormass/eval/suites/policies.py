@@ -42,7 +42,8 @@ class PoliciesSuite(Suite):
         self.split = float(self.opt("split_depth", 0.7))
         ctx.check_length("policies", self.length)
         self.hay = build_haystack(self, ctx)
-        self.trials = trial_grid([self.length], self.depths, self.seeds, self.opt("phrasing", "plain"))
+        self.trials = trial_grid([self.length], self.depths, self.seeds, self.opt("phrasing", "plain"),
+                                 jitter=bool(self.opt("jitter", True)))
         for t in self.trials:
             self.hay.build(t)
 

@@ -50,7 +50,7 @@ class RetrofitSuite(Suite):
         self.cells = [c for c in cells if finished_run(self.root / c["run"])]
         self.left_out = [c["label"] for c in cells if c not in self.cells]
         self.hay = build_haystack(self, ctx)
-        self.trials = trial_grid(self.lengths, self.depths, self.seeds)
+        self.trials = trial_grid(self.lengths, self.depths, self.seeds, jitter=bool(self.opt("jitter", True)))
         for t in self.trials:
             self.hay.build(t)  # a too-short length fails here, before any model runs
 

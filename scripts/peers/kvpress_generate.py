@@ -1,0 +1,129 @@
+"""Greedy answers under kvpress's presses, for per-item comparison with our own KV policies.
+
+Runs in kvpress's own environment (`make kvpress-env`: kvpress pins an older `transformers` than
+the project), so it imports neither `anchormass` nor anything that environment lacks. The project
+writes the prompts as token ids (`items.json`), this script answers them, and the project scores
+the answers with its own scorer; nothing is tokenised or scored here.
+
+Protocol (the same as our Standard cache under a KV policy, docs/method.md §3): the whole prompt is
+prefilled in one forward with the press active, so each layer's cache is compressed once, after
+its full-attention prefill; the first answer token is the argmax of that forward's last logits;
+each later token is one cached greedy step at its true position (the cache is shorter than the
+sequence after compression, so positions are passed explicitly). No press acts during decoding.
+
+    .venv-kvpress/bin/python scripts/peers/kvpress_generate.py items=items.json out=answers.json
+
+items.json: {"model": "<HF Llama folder>", "max_new_tokens": 8,
+             "presses": [{"label": "snapkv@0.75", "press": "SnapKVPress",
+                          "kwargs": {"compression_ratio": 0.75, "window_size": 64}}, ...],
+             "items": [{"id": "...", "prompt_ids": [...]}, ...]}
+answers.json: {"versions": {...}, "answers": {label: {id: {"ids": [...], "kept": [per layer],
+               "stored_bytes": int}}}}  (kept: cached positions per layer after the prefill;
+               stored_bytes: those K and V tensors' bytes)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+OPTIONS = ("items", "out", "threads")
+
+
+def fail(message: str) -> None:
+    """Bad input: one line on stderr, exit 2 (the project's code for it)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_options(argv: list[str]) -> dict[str, str]:
+    """key=value options, each named in OPTIONS; anything else is one error line."""
+    opts = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in OPTIONS:
+            fail(f"expected key=value with a key in {OPTIONS}, got {arg!r}")
+        opts[key] = value
+    for key in ("items", "out"):
+        if key not in opts:
+            fail(f"missing {key}=...")
+    return opts
+
+
+def make_press(spec: dict):
+    """A kvpress press by class name, from the names kvpress exports (never an arbitrary import)."""
+    import kvpress
+
+    name = spec["press"]
+    cls = getattr(kvpress, name, None)
+    if not (isinstance(cls, type) and name.endswith("Press")):
+        fail(f"kvpress has no press named {name!r}")
+    return cls(**spec.get("kwargs", {}))
+
+
+def answer_one(model, press, prompt_ids: list[int], max_new_tokens: int) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt_ids])
+    cache = DynamicCache()
+    with torch.inference_mode():
+        with press(model):
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        kept = [layer.keys.shape[-2] for layer in cache.layers]
+        stored = sum(layer.keys.numel() * layer.keys.element_size()
+                     + layer.values.numel() * layer.values.element_size() for layer in cache.layers)
+        token = out.logits[0, -1].argmax()
+        answer = [int(token)]
+        for step in range(max_new_tokens - 1):
+            position = torch.tensor([[len(prompt_ids) + step]])
+            out = model(input_ids=token.view(1, 1), past_key_values=cache, position_ids=position,
+                        use_cache=True)
+            token = out.logits[0, -1].argmax()
+            answer.append(int(token))
+    return {"ids": answer, "kept": kept, "stored_bytes": int(stored)}
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> None:
+    opts = parse_options(argv)
+    try:
+        spec = json.loads(Path(opts["items"]).read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read items={opts['items']}: {exc}")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # quiet by default: one line per press
+    torch.set_num_threads(int(opts.get("threads", "1")))
+    # Observed attention needs the prefill's attention weights, which only the eager kernel returns.
+    needs_weights = any(p["press"] == "ObservedAttentionPress" for p in spec["presses"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
+                                                 attn_implementation="eager" if needs_weights else "sdpa").eval()
+    out_path = Path(opts["out"])
+    # A rerun continues: answers already written are kept, only missing (press, item) pairs run.
+    done = json.loads(out_path.read_text())["answers"] if out_path.exists() else {}
+    for p in spec["presses"]:
+        press, answers = make_press(p), done.setdefault(p["label"], {})
+        for item in spec["items"]:
+            if item["id"] not in answers:
+                answers[item["id"]] = answer_one(model, press, item["prompt_ids"], spec["max_new_tokens"])
+        write_json_atomic(out_path, {"versions": {k: version(k) for k in ("kvpress", "transformers", "torch")},
+                                     "answers": done})
+        print(f"{p['label']}: {len(answers)} items", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
