@@ -7,9 +7,9 @@ ships), the same over 2,048 tokens and 64 generated ones: marked slow."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,16 +83,21 @@ def test_greedy_tokens_and_cached_decode_equal(imported):
 
 
 def test_export_then_import_round_trip(imported, tmp_path):
-    """Our Llama export of the import, imported again: the same tensors, bit for bit, and the same config."""
-    from anchormass.hf.export_llama import export_llama
+    """scripts/export_hf.py's export of the import, imported again: the same tensors bit for bit, the same
+    config and the same tokenizer."""
+    from anchormass.data.tokenizer_loader import load_tokenizer
+    from anchormass.hf.export import export_checkpoint
 
-    src, out, _ = imported
+    _, out, _ = imported
     ours, hparams = load_model(out / CHECKPOINT_FILE)
-    folder = tmp_path / "exported"
-    export_llama(ours, folder, {"bos": 1, "eos": 2, "pad": 0})
-    shutil.copytree(out / TOKENIZER_DIR, folder, dirs_exist_ok=True)
+    folder = export_checkpoint(out / CHECKPOINT_FILE, tmp_path / "exported")
     again, hparams_again = load_model(import_llama(folder, tmp_path / "again", name=ours.cfg.name)["checkpoint"])
     assert hparams_again["model_config"] == hparams["model_config"]
+    before, after = (load_tokenizer(Path(h["tokenizer_path"])) for h in (hparams, hparams_again))
+    # the same tokenizer.json and chat template (the export adds clean_up_tokenization_spaces: false to
+    # tokenizer_config.json, a decoding option, so the checksums of the folders' bytes differ)
+    assert before.files["tokenizer.json"] == after.files["tokenizer.json"]
+    assert before.chat_template == after.chat_template and before.special_ids() == after.special_ids()
     a, b = ours.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -121,22 +126,49 @@ def test_checkpoint_holds_plain_values_only(imported):
     assert all(isinstance(v, torch.Tensor) for v in ckpt["state_dict"].values())
 
 
-def test_anchormass_starts_from_the_import_with_init_from(imported, data, tmp_path):
-    """train.py init_from=<import> init_across_arch=true: AnchorMass of the same shape trains from it."""
+def test_anchormass_starts_from_the_import_with_init_from(imported, tmp_path):
+    """train.py init_from=<import> init_across_arch=true: AnchorMass of the same shape trains from it, on
+    data prepared with the import's tokenizer folder (the checkpoint records that tokenizer's checksum,
+    so data of another tokenizer would be refused)."""
+    from omegaconf import OmegaConf
+
+    from anchormass.data.prepare import prepare
     from anchormass.training.run import train
 
     from _train_helpers import FAST, compose_train
 
     _, out, _ = imported
+    data = OmegaConf.merge(OmegaConf.load(REPO / "configs/data/demo.yaml"), {
+        "out_dir": str(tmp_path / "data"), "tokenizer": {"path": str(out / TOKENIZER_DIR)},
+        "source": {"params": {"n_docs": 20, "min_sentences": 20, "max_sentences": 40}}})
+    prepare(OmegaConf.to_container(data, resolve=True))
     result = train(compose_train(["model=anchormass_tiny", "model.n_kv_heads=2", "model.tie_embeddings=true",
-                                  f"data_dir={data['pretrain']}", *FAST, "stage.total_steps=1",
-                                  f"init_from={out / CHECKPOINT_FILE}", "init_across_arch=true"], tmp_path))
+                                  f"data_dir={tmp_path / 'data'}", *FAST, "stage.total_steps=1",
+                                  f"init_from={out / CHECKPOINT_FILE}", "init_across_arch=true"], tmp_path / "run"))
     trained, hparams = load_model(result["last_checkpoint"])
-    start, _ = load_model(out / CHECKPOINT_FILE)
+    start, start_hparams = load_model(out / CHECKPOINT_FILE)
     assert (trained.cfg.arch, trained.cfg.n_global_kv_heads) == ("anchormass", 1)
     # one AdamW step moves a weight by about the learning rate; a fresh init would be ~0.02 away
     assert (trained.embed.weight - start.embed.weight).abs().max().item() < 0.005
     assert hparams["trained_lengths"] == [64, 256]  # the import's trained context carried on
+    assert hparams["tokenizer_checksum"] == start_hparams["tokenizer_checksum"]
+
+
+def test_evaluate_reads_the_import_and_its_tokenizer(imported, tmp_path):
+    """evaluate.py ckpt=<import>: the model and the tokenizer folder the checkpoint names (its checksum
+    checked) run a suite that reads text."""
+    from hydra import compose, initialize_config_dir
+
+    from anchormass.eval.runner import run_evaluation
+
+    _, out, _ = imported
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("evaluate", overrides=["suite=passkey", f"ckpt={out / CHECKPOINT_FILE}", "progress=false",
+                                             f"out_dir={tmp_path / 'eval'}", "eval.passkey.lengths=[160]"])
+    results = json.loads((run_evaluation(cfg) / "results.json").read_text())
+    assert Path(results["tokenizer"]["path"]) == (out / TOKENIZER_DIR).resolve()
+    assert results["suites"]["passkey"]["items"] and all(
+        r["status"] == "ok" for r in results["suites"]["passkey"]["items"])
 
 
 @pytest.mark.parametrize("groups, moved", [([0], [1, 0]), ([[0], [1]], None)])

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from anchormass.errors import CheckpointError, ConfigError
-from anchormass.utils import atomic_write_json, git_commit, sha256_file
+from anchormass.utils import atomic_write_json, code_version, sha256_file
 
 CHECKPOINT_FILE = "model.ckpt"
 TOKENIZER_DIR = "tokenizer"
@@ -121,17 +121,22 @@ def save_tokenizer(tokenizer, folder: Path) -> None:
 
 def write_import(converted: Converted, source, out: Path) -> dict:
     """Write `converted` and `source`'s tokenizer into the new folder `out`; returns the summary."""
+    from anchormass.data.tokenizer_loader import load_tokenizer
     from anchormass.hf.new_folder import staged_folder
-    from anchormass.training.checkpoint import STATE_PREFIX, atomic_torch_save
+    from anchormass.training.checkpoint import STATE_PREFIX, atomic_torch_save, check_tokenizer
 
     cfg, model = converted.cfg, converted.model
     imported = {"source": str(source.path.resolve()), "kind": source.kind, "files_sha256": _source_files(source),
-                "head_order": converted.head_order, "git_commit": git_commit()}
-    hparams = {"model_config": cfg.to_dict(), "trained_lengths": [cfg.original_max_len],
-               "tokenizer_path": str(out.resolve() / TOKENIZER_DIR),  # where it is once the folder is in place
-               "tokenizer_checksum": None, "data_fingerprint": None, "stage": "import", "imported_from": imported}
+                "head_order": converted.head_order, "code": code_version()}
     with staged_folder(out) as staging:
         save_tokenizer(converted.tokenizer, staging / TOKENIZER_DIR)
+        # read back as the project reads it (data, evaluation, export): its checksum goes into the checkpoint
+        tok = load_tokenizer(staging / TOKENIZER_DIR)
+        check_tokenizer(tok, {}, cfg.vocab_size, cfg.name)
+        hparams = {"model_config": cfg.to_dict(), "trained_lengths": [cfg.original_max_len],
+                   "tokenizer_path": str(out.resolve() / TOKENIZER_DIR),  # where it is once the folder is in place
+                   "tokenizer_checksum": tok.checksum, "data_fingerprint": None, "stage": "import",
+                   "imported_from": imported}
         atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
                            "hyper_parameters": hparams}, staging / CHECKPOINT_FILE)
         atomic_write_json(staging / IMPORT_FILE, {**imported, "checkpoint": CHECKPOINT_FILE,
