@@ -268,6 +268,21 @@ def test_pickled_weights_and_missing_sources_are_refused(tmp_path):
         import_llama(tmp_path / "nothing.gguf", tmp_path / "out")
 
 
+def test_damaged_files_are_one_line_errors(tmp_path):
+    """A truncated GGUF, a weight file that is not safetensors: what the readers raise becomes one line."""
+    from transformers import LlamaConfig
+
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(ConfigError, match="cut.gguf: transformers cannot read its config"):
+        import_llama(tmp_path / "cut.gguf", tmp_path / "out")
+    src = tmp_path / "damaged"
+    LlamaConfig(**TINY_LLAMA).save_pretrained(str(src))
+    (src / "model.safetensors").write_bytes(b"\x08not a safetensors header")
+    with pytest.raises(DataError, match="cannot load its weights"):
+        import_llama(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_command_refuses_in_one_line_and_writes_nothing(tmp_path):
     from transformers import LlamaConfig
 
@@ -317,9 +332,9 @@ def smollm2():
     return path, convert(open_source(path), name="standard_smollm2_135m")
 
 
-# ~85 s of one core on the 2-core dev machine: GGUF dequantisation and tokenizer ~30 s, three 2,048-token
-# forwards (transformers', our parallel, our cached prefill) ~11 s each, 2 x 63 decode steps; one test, so
-# that pytest-xdist never converts the model twice
+# ~80 s of one core on the 2-core dev machine (73 s user + 7 s sys; 2 min wall there at load 3.5): GGUF
+# dequantisation and tokenizer ~30 s, three 2,048-token forwards (transformers', our parallel, our cached
+# prefill) ~11 s each, 2 x 63 decode steps; one test, so that pytest-xdist never converts the model twice
 @pytest.mark.slow
 def test_smollm2_matches_transformers(smollm2, tmp_path):
     """The preset's shape and 134,515,008 parameters; q / k rows in Llama's order (llama.cpp stores them
