@@ -140,6 +140,14 @@ def test_init_across_arch_starts_anchormass_from_standard_weights(data, tmp_path
         check_same_architecture(saved, load_model_config("anchormass_tiny"), "x.ckpt", across_arch=True)
 
 
+def test_resume_checks_the_new_fields_and_accepts_checkpoints_older_than_them():
+    cfg = load_model_config("anchormass_tiny")
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
+    check_same_architecture(old, cfg, "old.ckpt")  # no error: the same model
+    with pytest.raises(CheckpointError, match="n_kv_heads: None in checkpoint vs 2.*tie_embeddings"):
+        check_same_architecture(old, cfg.replace(n_kv_heads=2, tie_embeddings=True), "old.ckpt")
+
+
 def test_init_from_with_another_tokenizer_is_refused(tmp_path):
     from anchormass.training.run import check_same_tokenizer
 

@@ -30,7 +30,7 @@ from anchormass.data.datamodule import datamodule_config
 from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
 from anchormass.data.tokenizer_loader import tokenizer_in
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
-from anchormass.models.config import load_model_config
+from anchormass.models.config import FIELDS_ADDED_LATER, load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
@@ -189,8 +189,8 @@ def _is_fsdp(strategy: Any) -> bool:
 
 # Fields that make two models different architectures even when their tensors have equal shapes
 # (Standard and AnchorMass have identical parameter lists).
-ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim", "vocab_size",
-               "n_local_heads", "n_global_heads")
+ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+               "tie_embeddings", "n_local_heads", "n_global_heads")
 
 
 # What `init_across_arch=true` lets differ: Standard <-> AnchorMass with the same tensors (uptraining
@@ -200,6 +200,7 @@ ACROSS_ARCH_FIELDS = ("arch", "n_local_heads", "n_global_heads")
 
 def check_same_architecture(saved: dict, model_cfg, path, across_arch: bool = False) -> None:
     now = model_cfg.to_dict()
+    saved = {**FIELDS_ADDED_LATER, **saved}  # a checkpoint older than a field has its earlier value
     differ = [k for k in ARCH_FIELDS if saved.get(k) != now[k] and not (across_arch and k in ACROSS_ARCH_FIELDS)]
     if differ:
         detail = "; ".join(f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in differ)
