@@ -52,6 +52,17 @@ def llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) -> dict[str,
     return out
 
 
+def ours_from_llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM's state dict -> our names: `llama_state_dict` read backwards."""
+    to_ours = {llama: ours for ours, llama in _TOP_NAMES.items()}
+    to_ours.update({f"model.layers.{i}.{llama}": f"blocks.{i}.{ours}"
+                    for i in range(n_layers) for ours, llama in _BLOCK_NAMES.items()})
+    unknown = sorted(set(state) - set(to_ours))
+    if unknown:
+        raise KeyError(f"no counterpart in our model for Llama parameter(s) {unknown[:3]}")
+    return {to_ours[name]: tensor for name, tensor in state.items()}
+
+
 def llama_config(cfg, special_ids: dict[str, int]):
     """A `LlamaConfig` describing the same network as our ModelConfig `cfg` (arch standard)."""
     from transformers import LlamaConfig
