@@ -61,8 +61,7 @@ def test_a_smollm2_135m_shape_counts_as_the_published_model():
     with torch.device("meta"):
         model = build_model(cfg)
     assert count_parameters(model) == param_count(cfg) == 134_515_008
-    with torch.device("meta"):  # the AnchorMass twin: the same weights, 3 local + 6 global heads
-        assert count_parameters(build_model(cfg.replace(arch="anchormass"))) == 134_515_008
+    assert param_count(cfg.replace(arch="anchormass")) == 134_515_008  # twin: 3 local + 6 global heads
 
 
 def test_kv_bytes_count_kv_heads():
@@ -102,3 +101,20 @@ def test_retrofit_slot_probe_reads_query_heads_of_a_gqa_model():
     want = reference_anchormass_attention(qkv.q, *kv, cfg)[0, cfg.n_local_heads:, 69]  # [Hg, D]
     weights, vals, _ = LayerView(cfg, qkv).attention(0, 69)
     assert ((weights[..., None] * vals.double()).sum(1) - want.double()).abs().max().item() <= 1e-5
+
+
+def test_a_checkpoint_written_before_the_fields_loads_unchanged(tmp_path):
+    # (most of its time is importing the training stack, which the whole suite imports anyway)
+    from anchormass.training.checkpoint import atomic_torch_save, load_model
+
+    torch.manual_seed(0)
+    model = build_model("anchormass_tiny").eval()
+    old_config = {k: v for k, v in model.cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
+    path = tmp_path / "old.ckpt"
+    atomic_torch_save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                       "hyper_parameters": {"model_config": old_config}}, path)
+    loaded, _ = load_model(path)
+    assert loaded.cfg == model.cfg and loaded.lm_head.weight is not loaded.embed.weight
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))

@@ -377,6 +377,11 @@ class AnchorMassLayerCache(LayerCache):
         slots = int(self.counts.sum())
         return local + (raw + slots) * 2 * cfg.n_global_kv_heads * cfg.head_dim * el + slots * self.mass.element_size()
 
+    def slot_tokens(self) -> float:
+        """Tokens the stored slots stand for (their masses), summed over the sequences: divided by
+        the slots stored, a cell's real merge ratio (an 8-token group with an outlier is 2 slots)."""
+        return 0.0 if self.mass is None else float(self.mass[:, self.slot0:].double().sum())
+
     def stats(self) -> dict[str, list]:
         """Per sequence: 'slots' stored, 'mass' represented (sinks + slots + tail)."""
         if self.counts is None:
