@@ -134,3 +134,56 @@ def float64_rope_angles(hf):
         yield hf
     finally:
         del rotary.forward
+
+
+def tiny_llama_gguf(path: Path, hf) -> Path:
+    """`hf` (a TINY_LLAMA LlamaForCausalLM, tied) written as llama.cpp writes a Llama: fp32 GGUF tensors
+    under llama.cpp's names, q / k rows interleaved per head (its RoPE pairs adjacent dimensions), and a
+    small gpt2-style vocabulary. Written here with the `gguf` package, independently of transformers'
+    reader, so that an import of it can be compared with the import of the same weights as a folder."""
+    import gguf
+
+    cfg = hf.config
+    n_q, n_kv, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+
+    def interleaved(w: torch.Tensor, heads: int) -> torch.Tensor:  # halves [x0..x15 | y0..y15] -> pairs
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).transpose(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((writer.add_block_count, layers), (writer.add_context_length, cfg.max_position_embeddings),
+                       (writer.add_embedding_length, cfg.hidden_size), (writer.add_head_count, n_q),
+                       (writer.add_feed_forward_length, cfg.intermediate_size), (writer.add_head_count_kv, n_kv),
+                       (writer.add_rope_dimension_count, cfg.head_dim), (writer.add_vocab_size, cfg.vocab_size)):
+        add(value)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    chars = [chr(c) for c in range(33, 127)]  # printable ASCII, then words: a byte-level BPE's shape
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars]
+    tokens += [f"w{i}" for i in range(cfg.vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * 3 + [1] * (len(tokens) - 3))
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_merges(["w 0"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    state = {k: v.detach().float() for k, v in hf.state_dict().items()}
+    tensors = {"token_embd.weight": state["model.embed_tokens.weight"],
+               "output_norm.weight": state["model.norm.weight"]}
+    names = {"input_layernorm": "attn_norm", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for i in range(layers):
+        ours = f"model.layers.{i}."
+        tensors.update({f"blk.{i}.{cpp}.weight": state[f"{ours}{hf_name}.weight"] for hf_name, cpp in names.items()})
+        tensors[f"blk.{i}.attn_q.weight"] = interleaved(state[f"{ours}self_attn.q_proj.weight"], n_q)
+        tensors[f"blk.{i}.attn_k.weight"] = interleaved(state[f"{ours}self_attn.k_proj.weight"], n_kv)
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor.contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

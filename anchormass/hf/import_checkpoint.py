@@ -127,7 +127,7 @@ def write_import(converted: Converted, source, out: Path) -> dict:
 
     cfg, model = converted.cfg, converted.model
     imported = {"source": str(source.path.resolve()), "kind": source.kind, "files_sha256": _source_files(source),
-                "head_order": converted.head_order, "code": code_version()}
+                "head_order": converted.head_order, "git_commit": code_version()}
     with staged_folder(out) as staging:
         save_tokenizer(converted.tokenizer, staging / TOKENIZER_DIR)
         # read back as the project reads it (data, evaluation, export): its checksum goes into the checkpoint

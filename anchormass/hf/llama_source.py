@@ -38,7 +38,7 @@ class LlamaSource:
         folder, options = self._where()
         try:
             return AutoConfig.from_pretrained(folder, **options)
-        except (ValueError, KeyError, OSError) as err:  # an unknown model_type or GGUF architecture
+        except Exception as err:  # an unknown model_type or GGUF architecture, a damaged file
             raise ConfigError(f"src={self.path}: transformers cannot read its config "
                               f"({_first_line(err)})") from None
 
@@ -55,7 +55,7 @@ class LlamaSource:
         try:
             with quiet:
                 return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
-        except (ValueError, OSError) as err:
+        except Exception as err:  # whatever a damaged weight file makes its reader raise
             raise DataError(f"src={self.path}: transformers cannot load its weights ({_first_line(err)})") from None
 
     def tokenizer(self):
@@ -64,7 +64,7 @@ class LlamaSource:
         folder, options = self._where()
         try:
             return AutoTokenizer.from_pretrained(folder, **options)
-        except (ValueError, OSError, KeyError) as err:
+        except Exception as err:  # as above, for the tokenizer files
             raise DataError(f"src={self.path}: transformers cannot read its tokenizer ({_first_line(err)})") from None
 
 
