@@ -1,0 +1,47 @@
+"""What a stage is: its fully composed train config (presets and defaults included, compared as
+training/run_settings.py flattens it) and the fingerprint of the prepared data folder it reads.
+
+execute.py records both in the stage's stage_args.json before its first start; changes.py compares
+them with what the recipe, the config files and the data folder give now. Comparing the train.py
+arguments alone credited a stage to settings it was not trained with: a changed preset file
+(configs/model/*.yaml), a changed default in configs/train.yaml, a data folder prepared again with
+other settings all left the arguments as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anchormass.data.dataset_dir import fingerprint
+from anchormass.errors import AnchorMassError
+from anchormass.training.run_settings import run_settings
+from anchormass.utils import CONFIG_ROOT, resolve_path
+
+
+def identify(runs: list) -> None:
+    """Set `settings` and `data_dir` of each run (a StageRun) that has none, composing train.py's
+    config from its arguments as train.py will (one Hydra context for all of them)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    todo = [r for r in runs if r.settings is None and r.shared_from is None]
+    if not todo:
+        return
+    with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
+        for run in todo:
+            cfg = compose("train", overrides=list(run.args))
+            run.settings = run_settings(cfg)
+            try:
+                run.data_dir = resolve_path(str(OmegaConf.select(cfg, "data_dir")))
+            except Exception:  # an interpolation only the stage can resolve: its data is not known here
+                run.data_dir = None
+
+
+def data_fingerprint(data_dir: Path | None) -> str | None:
+    """The prepared folder's fingerprint (data/dataset_dir.py), None when there is none to read."""
+    if data_dir is None or not (Path(data_dir) / "meta.json").is_file():
+        return None
+    try:
+        return fingerprint(data_dir)
+    except (AnchorMassError, OSError, KeyError, ValueError):
+        return None
