@@ -10,6 +10,10 @@ Hydra's Optuna plugin, with what a research sweep needs on top:
   (train.py returns None otherwise), so optimization_results.yaml ranks only finished trials.
 - A sweep folder from before the journal is read from its trial folders (.hydra/overrides.yaml
   and train_result.json), each told to the study as completed (it trained all its steps) or failed.
+- A study's fixed settings (the composed config less the searched keys, training/run_settings.py)
+  are part of its identity: a rerun with other ones (`stage.total_steps=3` after 4) would rank
+  3-step trials against 4-step ones, so it is refused in one line, as is a study whose settings
+  were not recorded, and a damaged journal line (the file and line named).
 - A sweep in which no trial completed ends with one line naming the folders to look at, not the
   plugin's `ValueError: No trials are completed yet`. (Failed trials are recorded as failed and the
   search goes on: `max_failure_rate: 1.0` in the config.)
@@ -26,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from anchormass.errors import AnchorMassError, ConfigError
 
 
 def trial_folders(sweep_dir: Path) -> list[Path]:
@@ -150,7 +156,43 @@ def trial_overrides(folder: Path) -> list[str] | None:
         overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return overrides if isinstance(overrides, list) else None
+    return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
+
+
+SETTINGS_ATTR = "fixed_settings"  # the study's user attribute holding them
+
+
+def fixed_settings(impl: Any, arguments: list[str]) -> dict[str, Any]:
+    """What every trial of this sweep shares: the composed config without the searched keys
+    (the search space's and any swept on the command line)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from anchormass.training.run_settings import run_settings
+
+    searched = [str(k) for k in (impl.params or {})]
+    plain = [a for a in arguments if not a.startswith("-")]
+    searched += [o.key_or_group for o in OverridesParser.create().parse_overrides(plain) if o.is_sweep_override()]
+    return run_settings(impl.config, leave_out=searched)
+
+
+def check_fixed_settings(study: Any, fixed: dict[str, Any], sweep_dir: Path) -> None:
+    """Record the settings on a new study; refuse to continue one recorded with other settings (or
+    none: what its trials ran with is not known)."""
+    from anchormass.training.run_settings import setting_differences
+
+    recorded = study.user_attrs.get(SETTINGS_ATTR)
+    if recorded is None and not study.trials:
+        study.set_user_attr(SETTINGS_ATTR, fixed)
+        return
+    start_over = f"start a new study in another hydra.sweep.dir (or delete {sweep_dir})"
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"the study in {sweep_dir} does not record the settings its {len(study.trials)} "
+                          f"trials ran with, so new trials cannot be ranked with them; {start_over}")
+    diff = setting_differences(recorded, json.loads(json.dumps(fixed)))  # compared as the file stores them
+    if diff:
+        raise ConfigError(f"the study in {sweep_dir} ran its {len(study.trials)} trials with other fixed settings "
+                          f"({'; '.join(diff)}); ranking new trials with them would compare different runs: "
+                          f"rerun with the earlier settings, or {start_over}")
 
 
 @contextlib.contextmanager
@@ -175,11 +217,16 @@ def sweep(impl: Any, sweep_dir: Path, arguments: list[str], run_sweep: Callable[
     from anchormass.training.optuna_journal import JournalStorage
 
     folders = trial_folders(sweep_dir)
-    if impl.storage is None:  # a user's own storage (a database URL) holds its own history
-        impl.storage = JournalStorage(sweep_dir / JOURNAL)
-    with quiet_optuna():  # the plugin announces the study itself
-        study = optuna.create_study(study_name=impl.study_name, storage=impl.storage, sampler=impl.sampler,
-                                    directions=impl._get_directions(), load_if_exists=True)
+    try:
+        if impl.storage is None:  # a user's own storage (a database URL) holds its own history
+            impl.storage = JournalStorage(sweep_dir / JOURNAL)
+        with quiet_optuna():  # the plugin announces the study itself
+            study = optuna.create_study(study_name=impl.study_name, storage=impl.storage, sampler=impl.sampler,
+                                        directions=impl._get_directions(), load_if_exists=True)
+        check_fixed_settings(study, fixed_settings(impl, arguments), sweep_dir)
+    except AnchorMassError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if folders and not study.trials:
         legacy_trials(study, impl, arguments, folders)
     name_trial_folders(impl)
