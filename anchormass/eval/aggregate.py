@@ -24,7 +24,7 @@ from anchormass.cli import exit_on_error
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.report import scalar_stats
-from anchormass.utils import atomic_write_json, atomic_write_text
+from anchormass.utils import atomic_write_json, atomic_write_text, sha256_file
 
 
 def _scalar(v) -> bool:
@@ -111,11 +111,27 @@ def _read(path: Path) -> dict:
     return data
 
 
+def check_distinct(paths: list[Path]) -> None:
+    """Each input is its own run: a file given twice (or a copy of one) would count one seed's
+    result as two, a spread of zero over "n = 2"."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        try:
+            key = sha256_file(path) if path.is_file() else str(path.resolve())
+        except OSError:
+            continue  # _read says what is wrong with it
+        if key in seen:
+            same = "is given twice" if seen[key].resolve() == path.resolve() else f"holds the same bytes as {seen[key]}"
+            raise ConfigError(f"aggregate: {path} {same}; each seed's results must be its own run's file")
+        seen[key] = path
+
+
 def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, note: str | None = None) -> Path:
     """Aggregate the per-seed results.json files into out_dir/report.md and results.json.
     `note`: a line under the title (the curriculum says which run is which: two variants of one
     preset carry the same model name in the per-seed reports)."""
     paths = [Path(p) for p in result_paths]
+    check_distinct(paths)
     agg = aggregate([_read(p) for p in paths], list(seeds))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
