@@ -264,15 +264,15 @@ def nan_paired_statistics(tmp_path, monkeypatch, capsys):
 
 # -- 9 ------------------------------------------------------------------------------------------------------------
 
-def aggregate_inputs(copy: bool):
+def aggregate_inputs(link: bool):
     def run(tmp_path, monkeypatch, capsys):
         from anchormass.eval.aggregate import main
 
         a = tmp_path / "a.json"
         a.write_text(json.dumps({"suites": {"ppl": {"summary": {"x/ppl": 3.0}}}}))
         b = tmp_path / "b.json"
-        shutil.copy(a, b)
-        second = b if copy else a
+        b.symlink_to(a)
+        second = b if link else a
         return refusal(lambda: main([f"out_dir={tmp_path / 'agg'}", f"inputs=[{a},{second}]", "seeds=[0,1]"]), capsys)
     return run
 
@@ -330,9 +330,9 @@ CASES = [
     Case("46.8 nan statistics", "paired statistics over nan scores",
          nan_paired_statistics, r"p nan \(non-finite\), holm nan"),
     Case("46.9 aggregate twice", "eval.aggregate inputs=[a.json,a.json] seeds=[0,1]",
-         aggregate_inputs(copy=False), r"a.json is given twice"),
-    Case("46.9 aggregate copy", "eval.aggregate of a results.json and its copy",
-         aggregate_inputs(copy=True), r"b.json holds the same bytes as .*a.json"),
+         aggregate_inputs(link=False), r"a.json is given twice; each seed's results must be its own"),
+    Case("46.9 aggregate link", "eval.aggregate of a results.json and a link to it",
+         aggregate_inputs(link=True), r"b.json is given twice \(as .*a.json\)"),
     Case("46.9 runs_root", "run_curriculum runs_root with a comma",
          comma_runs_root, r"runs_root/<curriculum> '.*runs,old/mini' cannot be passed on as one path"),
 ]

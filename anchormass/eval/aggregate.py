@@ -24,7 +24,7 @@ from anchormass.cli import exit_on_error
 from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.report import scalar_stats
-from anchormass.utils import atomic_write_json, atomic_write_text, sha256_file
+from anchormass.utils import atomic_write_json, atomic_write_text
 
 
 def _scalar(v) -> bool:
@@ -112,18 +112,18 @@ def _read(path: Path) -> dict:
 
 
 def check_distinct(paths: list[Path]) -> None:
-    """Each input is its own run: a file given twice (or a copy of one) would count one seed's
-    result as two, a spread of zero over "n = 2"."""
-    seen: dict[str, Path] = {}
-    for path in paths:
-        try:
-            key = sha256_file(path) if path.is_file() else str(path.resolve())
-        except OSError:
-            continue  # _read says what is wrong with it
-        if key in seen:
-            same = "is given twice" if seen[key].resolve() == path.resolve() else f"holds the same bytes as {seen[key]}"
-            raise ConfigError(f"aggregate: {path} {same}; each seed's results must be its own run's file")
-        seen[key] = path
+    """Each input is its own file: one given twice (by the same name, a link or another path to it)
+    would count one seed's result as two, a spread of zero over "n = 2"."""
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            try:
+                same = path.samefile(earlier)
+            except OSError:  # a missing file: _read names it
+                same = False
+            if same:
+                also = "" if str(path) == str(earlier) else f" (as {earlier})"
+                raise ConfigError(f"aggregate: {path} is given twice{also}; each seed's results must be its "
+                                  f"own run's file")
 
 
 def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, note: str | None = None) -> Path:
