@@ -54,6 +54,8 @@ def config_differences(record: dict | None, run: StageRun) -> list[str]:
     if not isinstance(record.get("settings"), dict):
         return [f"its {ARGS_FILE} records only its arguments (written before configs were recorded), so "
                 f"whether its preset or default files changed is not known"]
+    if run.settings is None:
+        return [run.unknown or "its config is not known now"]
     return setting_differences(record["settings"], json.loads(json.dumps(run.settings)))
 
 

@@ -51,6 +51,7 @@ class StageRun:
     shared_from: "StageRun | None" = None  # a shared stage: the run (of the first model) that trains it
     after: "StageRun | None" = None  # the run of another model's chain whose checkpoint seeds this one
     settings: dict | None = None  # its composed config, flat (stage_identity.identify)
+    unknown: str | None = None  # why there is none: the arguments do not compose
     data_dir: Path | None = None  # the prepared data folder it reads
 
     @property

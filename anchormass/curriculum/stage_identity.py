@@ -20,16 +20,22 @@ from anchormass.utils import CONFIG_ROOT, resolve_path
 
 def identify(runs: list) -> None:
     """Set `settings` and `data_dir` of each run (a StageRun) that has none, composing train.py's
-    config from its arguments as train.py will (one Hydra context for all of them)."""
+    config from its arguments as train.py will (one Hydra context for all of them); where they do
+    not compose, `unknown` says why (the stage, when it starts, refuses them in its own line)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    todo = [r for r in runs if r.settings is None and r.shared_from is None]
+    todo = [r for r in runs if r.settings is None and r.unknown is None and r.shared_from is None]
     if not todo:
         return
     with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
         for run in todo:
-            cfg = compose("train", overrides=list(run.args))
+            try:
+                cfg = compose("train", overrides=list(run.args))
+            except Exception as err:  # noqa: BLE001 - train.py refuses these arguments itself, in its words
+                lines = str(err).strip().splitlines()
+                run.unknown = f"its train config does not compose now ({lines[0] if lines else type(err).__name__})"
+                continue
             run.settings = run_settings(cfg)
             try:
                 run.data_dir = resolve_path(str(OmegaConf.select(cfg, "data_dir")))
