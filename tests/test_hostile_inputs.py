@@ -112,7 +112,9 @@ def reprepared_data(tmp_path, monkeypatch, capsys):
 
 # -- 6: a sweep's fixed settings are part of its study ------------------------------------------------------------
 
-def continued_sweep(tmp_path, monkeypatch, capsys):
+def run_sweep(tmp_path, steps):
+    """optuna_search.sweep in `tmp_path` with stage.total_steps=`steps` and a stand-in of the Optuna
+    plugin that runs one trial."""
     import optuna
     from omegaconf import OmegaConf
 
@@ -129,17 +131,29 @@ def continued_sweep(tmp_path, monkeypatch, capsys):
         def _get_directions(self):
             return ["minimize"]
 
-    def run(steps):
-        impl = Impl(steps)
+    impl = Impl(steps)
 
-        def one_trial():  # the plugin's sweep: one trial, told a value
-            study = optuna.load_study(study_name="s", storage=impl.storage)
-            study.tell(study.ask(), float(steps))
+    def one_trial():  # the plugin's sweep: one trial, told a value
+        study = optuna.load_study(study_name="s", storage=impl.storage)
+        study.tell(study.ask(), float(steps))
 
-        sweep(impl, tmp_path, [f"stage.total_steps={steps}"], one_trial, 0)
+    sweep(impl, tmp_path, [f"stage.total_steps={steps}"], one_trial, 0)
 
-    run(4)
-    return refusal(lambda: run(3), capsys)
+
+def continued_sweep(tmp_path, monkeypatch, capsys):
+    run_sweep(tmp_path, 4)
+    return refusal(lambda: run_sweep(tmp_path, 3), capsys)
+
+
+def unrecorded_sweep(tmp_path, monkeypatch, capsys):
+    import optuna
+
+    from anchormass.training.optuna_journal import JournalStorage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=JournalStorage(tmp_path / "optuna_study.jsonl"))
+    study.tell(study.ask(), 1.0)  # a trial, as a sweep before the settings were recorded left it
+    return refusal(lambda: run_sweep(tmp_path, 4), capsys)
 
 
 # -- 7: formats by content after decompression --------------------------------------------------------------------
@@ -255,6 +269,21 @@ def nan_alone(tmp_path, monkeypatch, capsys):
     return capsys.readouterr().err
 
 
+def nan_scores(models: int):
+    def run(tmp_path, monkeypatch, capsys):
+        from anchormass.commands.evaluate import check_scores_finite
+
+        path = tmp_path / "results.json"
+        path.write_text(json.dumps({"models": [{}] * models, "suites": {
+            "ppl": {"summary": {"a/ctx64/ppl": float("nan"), "b/ctx64/ppl": 3.5}}}}))
+        try:
+            check_scores_finite(path)
+        except SystemExit as stop:
+            return f"exit {stop.code}: {capsys.readouterr().err.strip()}"
+        return f"exit 0: {capsys.readouterr().err.strip()}"
+    return run
+
+
 def nan_paired_statistics(tmp_path, monkeypatch, capsys):
     from anchormass.eval.report import paired_nll_by_length
 
@@ -304,7 +333,9 @@ CASES = [
     Case("46.5 data", "the stage's data folder prepared again with other settings",
          reprepared_data, r"does not match .*\(data folder .*tiny: fingerprint [0-9a-f]{12} -> [0-9a-f]{12}\)"),
     Case("46.6", "an Optuna sweep continued with stage.total_steps=3 after 4",
-         continued_sweep, r"ran its 1 trials with other fixed settings \(stage.total_steps: 4 -> 3\)"),
+         continued_sweep, r"ran its 1 trial with other fixed settings \(stage.total_steps: 4 -> 3\)"),
+    Case("46.6 unrecorded", "an Optuna sweep continued on a study that does not record its settings",
+         unrecorded_sweep, r"does not record the settings its 1 trial ran with"),
     Case("46.7", "a .jsonl.gz corpus", gzipped_jsonl, r"^read as json$"),
     Case("46.7 misnamed", "gzip bytes named .jsonl", gzip_named_plain,
          r"is gzip-compressed but named corpus.jsonl; name it \.\.\.\.gz"),
@@ -327,6 +358,11 @@ CASES = [
          nan_compared, r"^error: compare model \(.*bad.ckpt\) has 1 non-finite weights .*: a comparison with it"),
     Case("46.8 nan alone", "evaluate a nan-weight checkpoint alone",
          nan_alone, r"warning: model A \(.*bad.ckpt\) has 1 non-finite weights .* every score it gets will be nan"),
+    Case("46.8 nan scores compared", "a comparison whose results hold a nan score",
+         nan_scores(models=2), r"^exit 1: error: the comparison has scores that are not finite numbers "
+                               r"\(ppl: a/ctx64/ppl=nan\)"),
+    Case("46.8 nan scores alone", "one model's results hold a nan score",
+         nan_scores(models=1), r"^exit 0: warning: scores that are not finite numbers \(ppl: a/ctx64/ppl=nan\)"),
     Case("46.8 nan statistics", "paired statistics over nan scores",
          nan_paired_statistics, r"p nan \(non-finite\), holm nan"),
     Case("46.9 aggregate twice", "eval.aggregate inputs=[a.json,a.json] seeds=[0,1]",

@@ -103,6 +103,18 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted.tolist()
 
 
+def non_finite_scores(results: dict) -> list[str]:
+    """`<suite>: <key>=nan, ...` for each suite of a results.json whose summary holds a score that
+    is not a finite number (a model that diverged, or overflowed in 16 bits)."""
+    out = []
+    for name, res in (results.get("suites") or {}).items():
+        bad = [f"{k}={v}" for k, v in ((res or {}).get("summary") or {}).items()
+               if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            out.append(f"{name}: {', '.join(bad[:4])}" + (f" and {len(bad) - 4} more" if len(bad) > 4 else ""))
+    return out
+
+
 def paired_nll_by_length(nll_a: dict, nll_b: dict) -> dict:
     """Per length: wins for B (#(d_i > 0), d_i = NLL_A - NLL_B), the Wilcoxon p (and its method) and
     the Holm p across the lengths given (holm_m of them: lengths that ran out of memory are not).

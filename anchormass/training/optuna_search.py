@@ -185,12 +185,13 @@ def check_fixed_settings(study: Any, fixed: dict[str, Any], sweep_dir: Path) -> 
         study.set_user_attr(SETTINGS_ATTR, fixed)
         return
     start_over = f"start a new study in another hydra.sweep.dir (or delete {sweep_dir})"
+    trials = f"{len(study.trials)} trial{'s' if len(study.trials) != 1 else ''}"
     if not isinstance(recorded, dict):
-        raise ConfigError(f"the study in {sweep_dir} does not record the settings its {len(study.trials)} "
-                          f"trials ran with, so new trials cannot be ranked with them; {start_over}")
+        raise ConfigError(f"the study in {sweep_dir} does not record the settings its {trials} ran with, so "
+                          f"new trials cannot be ranked with them; {start_over}")
     diff = setting_differences(recorded, json.loads(json.dumps(fixed)))  # compared as the file stores them
     if diff:
-        raise ConfigError(f"the study in {sweep_dir} ran its {len(study.trials)} trials with other fixed settings "
+        raise ConfigError(f"the study in {sweep_dir} ran its {trials} with other fixed settings "
                           f"({'; '.join(diff)}); ranking new trials with them would compare different runs: "
                           f"rerun with the earlier settings, or {start_over}")
 
