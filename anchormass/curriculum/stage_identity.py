@@ -10,6 +10,7 @@ other settings all left the arguments as they were.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from anchormass.data.dataset_dir import fingerprint
@@ -22,13 +23,13 @@ def identify(runs: list) -> None:
     """Set `settings` and `data_dir` of each run (a StageRun) that has none, composing train.py's
     config from its arguments as train.py will (one Hydra context for all of them); where they do
     not compose, `unknown` says why (the stage, when it starts, refuses them in its own line)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from omegaconf import OmegaConf
 
     todo = [r for r in runs if r.settings is None and r.unknown is None and r.shared_from is None]
     if not todo:
         return
-    with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
+    with configs_here():
         for run in todo:
             try:
                 cfg = compose("train", overrides=list(run.args))
@@ -41,6 +42,23 @@ def identify(runs: list) -> None:
                 run.data_dir = resolve_path(str(OmegaConf.select(cfg, "data_dir")))
             except Exception:  # an interpolation only the stage can resolve: its data is not known here
                 run.data_dir = None
+
+
+@contextlib.contextmanager
+def configs_here():
+    """Hydra's compose() over CONFIG_ROOT, also inside a Hydra app (scripts/run_curriculum.py is one):
+    Hydra keeps one global instance, so the app's is set aside and put back after."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+
+    outer = Singleton._instances.pop(GlobalHydra, None)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
+            yield
+    finally:
+        if outer is not None:
+            Singleton._instances[GlobalHydra] = outer
 
 
 def data_fingerprint(data_dir: Path | None) -> str | None:
