@@ -156,6 +156,12 @@ def unrecorded_sweep(tmp_path, monkeypatch, capsys):
     return refusal(lambda: run_sweep(tmp_path, 4), capsys)
 
 
+def legacy_sweep_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)  # a trial of a sweep from before the journal
+    (tmp_path / "0" / ".hydra" / "config.yaml").write_text("stage:\n  total_steps: 4\noptim:\n  lr: 0.003\n")
+    return refusal(lambda: run_sweep(tmp_path, 3), capsys)
+
+
 # -- 7: formats by content after decompression --------------------------------------------------------------------
 
 def gzipped_jsonl(tmp_path, monkeypatch, capsys):
@@ -336,6 +342,9 @@ CASES = [
          continued_sweep, r"ran its 1 trial with other fixed settings \(stage.total_steps: 4 -> 3\)"),
     Case("46.6 unrecorded", "an Optuna sweep continued on a study that does not record its settings",
          unrecorded_sweep, r"does not record the settings its 1 trial ran with"),
+    Case("46.6 legacy folder", "a sweep folder from before the journal continued with other fixed settings",
+         legacy_sweep_folder, r"trial folder .*/0 of the sweep in .* ran with other fixed settings "
+                              r"\(stage.total_steps: 4 -> 3\)"),
     Case("46.7", "a .jsonl.gz corpus", gzipped_jsonl, r"^read as json$"),
     Case("46.7 misnamed", "gzip bytes named .jsonl", gzip_named_plain,
          r"is gzip-compressed but named corpus.jsonl; name it \.\.\.\.gz"),
