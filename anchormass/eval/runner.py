@@ -23,7 +23,6 @@ from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
-from anchormass.path_checks import check_not_link
 from anchormass.utils import atomic_write_json, atomic_write_text, git_state, sha256_file
 
 
@@ -206,6 +205,7 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     git = git_state()  # the code as it is loaded now, not as the tree is when a long run ends
     names, is_all = suite_list(cfg)
     out_dir = _out_path(cfg, names)
+    from anchormass.path_checks import check_not_link
     check_not_link(out_dir, "out_dir")  # before any model loads: publishing cannot replace a link
     with claim_out_dir(out_dir):  # checked before models load: a refusal costs no loading time
         _check_out_dir(cfg, out_dir)
