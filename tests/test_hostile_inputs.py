@@ -162,6 +162,16 @@ def legacy_sweep_folder(tmp_path, monkeypatch, capsys):
     return refusal(lambda: run_sweep(tmp_path, 3), capsys)
 
 
+def overrides_not_strings(tmp_path, monkeypatch, capsys):
+    import optuna
+
+    from anchormass.training.optuna_search import params_of
+
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)
+    (tmp_path / "0" / ".hydra" / "overrides.yaml").write_text("- 1\n- {optim.lr: 2}\n")
+    return f"params {params_of(tmp_path / '0', {'optim.lr': optuna.distributions.LogUniformDistribution(1e-4, 1)})}"
+
+
 # -- 7: formats by content after decompression --------------------------------------------------------------------
 
 def gzipped_jsonl(tmp_path, monkeypatch, capsys):
@@ -345,6 +355,8 @@ CASES = [
     Case("46.6 legacy folder", "a sweep folder from before the journal continued with other fixed settings",
          legacy_sweep_folder, r"trial folder .*/0 of the sweep in .* ran with other fixed settings "
                               r"\(stage.total_steps: 4 -> 3\)"),
+    Case("46.9 overrides.yaml", "a trial's .hydra/overrides.yaml holding other things than strings",
+         overrides_not_strings, r"^params None$"),
     Case("46.7", "a .jsonl.gz corpus", gzipped_jsonl, r"^read as json$"),
     Case("46.7 misnamed", "gzip bytes named .jsonl", gzip_named_plain,
          r"is gzip-compressed but named corpus.jsonl; name it \.\.\.\.gz"),
