@@ -73,11 +73,10 @@ def data_differences(record: dict | None, run: StageRun) -> list[str]:
 
 def changed_runs(runs: list[StageRun], check) -> list[tuple[StageRun, list[str]]]:
     """Finished or resumable stages for which `check(record, run)` names differences."""
-    identify(runs)
+    ran = [r for r in runs if r.shared_from is None and (r.is_done() or r.last_ckpt.is_file())]
+    identify(ran)
     out = []
-    for run in runs:
-        if run.shared_from is not None or not (run.is_done() or run.last_ckpt.is_file()):
-            continue
+    for run in ran:
         diff = check(recorded(run), run)
         if diff:
             out.append((run, diff))

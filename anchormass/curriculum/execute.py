@@ -160,6 +160,7 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
     (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
     run.out_dir.mkdir(parents=True, exist_ok=True)
     if not (run.out_dir / ARGS_FILE).is_file():  # a resume keeps the record of the run's first start
+        identify([run])
         atomic_write_json(run.out_dir / ARGS_FILE, stage_record(run), indent=1)
     console.post("started", task)
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
@@ -221,7 +222,6 @@ def execute(runs: list[StageRun], parallel: int = 1, console: StageConsole | Non
     failure's code once every chain has stopped; raises TrainingInterrupted when stages were
     stopped by a signal (and nothing failed otherwise)."""
     console = console or StageConsole()
-    identify(runs)  # here, not in the chains' threads: Hydra's composition is not thread-safe
     chains: dict[tuple[int | None, str], list[StageRun]] = {}
     for run in runs:
         chains.setdefault(run.chain, []).append(run)
