@@ -191,6 +191,14 @@ def gzip_named_plain(tmp_path, monkeypatch, capsys):
     return refusal(lambda: files_format([str(path)], None), capsys)
 
 
+def zstd_bytes(tmp_path, monkeypatch, capsys):
+    from anchormass.data.corpus_files import files_format
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(40)))  # a zstd frame's magic, then its bytes
+    return refusal(lambda: files_format([str(path)], None), capsys)
+
+
 # -- 8: one line where a traceback was ----------------------------------------------------------------------------
 
 def shard_summary(tmp_path, monkeypatch, capsys):
@@ -360,6 +368,8 @@ CASES = [
     Case("46.7", "a .jsonl.gz corpus", gzipped_jsonl, r"^read as json$"),
     Case("46.7 misnamed", "gzip bytes named .jsonl", gzip_named_plain,
          r"is gzip-compressed but named corpus.jsonl; name it \.\.\.\.gz"),
+    Case("46.7 zstd", "zstd-compressed bytes (no zstandard installed)", zstd_bytes,
+         r"corpus.jsonl is zstd-compressed, which this environment does not read; decompress it"),
     Case("46.8 shard", "prepare_data data.num_shards=2 data.shard_index=0 (data/README.md)",
          shard_summary, r'"shard": "0 of 2"'),
     Case("46.8 oc.env", "an unset ${oc.env:...} in a path",

@@ -16,6 +16,7 @@ import codecs
 import gzip
 import json
 import lzma
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,16 +26,23 @@ FORMATS = ("text", "json", "parquet")
 EXTENSION_FORMAT = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _SNIFF_BYTES = 1 << 16
 # compression -> (the suffix `datasets` decompresses by, the file's first bytes, the reader)
-COMPRESSIONS = {"gzip": (".gz", b"\x1f\x8b", gzip.open), "bz2": (".bz2", b"BZh", bz2.open),
-                "xz": (".xz", b"\xfd7zXZ\x00", lzma.open)}
+# (bz2: "BZh", the block size digit, then a block's or the end's magic: a text may begin "BZh")
+COMPRESSIONS = {"gzip": (".gz", re.compile(rb"\x1f\x8b"), gzip.open),
+                "bz2": (".bz2", re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)"),
+                        bz2.open),
+                "xz": (".xz", re.compile(rb"\xfd7zXZ\x00"), lzma.open)}
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def compression_of(path: str) -> str | None:
     """The file's compression, by its first bytes; a compressed file must carry the suffix
     `datasets` decompresses by, and a suffix must not promise a compression the bytes lack."""
     with open(path, "rb") as f:
-        head = f.read(8)
-    found = next((name for name, (_, magic, _) in COMPRESSIONS.items() if head.startswith(magic)), None)
+        head = f.read(10)
+    if head.startswith(_ZSTD_MAGIC) or Path(path).suffix.lower() == ".zst":  # datasets needs zstandard for it
+        raise DataError(f"{path} is zstd-compressed, which this environment does not read; decompress it "
+                        f"(zstd -d) or recompress it as .gz")
+    found = next((name for name, (_, magic, _) in COMPRESSIONS.items() if magic.match(head)), None)
     suffix = Path(path).suffix.lower()
     named = next((name for name, (ext, _, _) in COMPRESSIONS.items() if ext == suffix), None)
     if found != named:
