@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from anchormass.curriculum.stage_identity import data_fingerprint, identify
 from anchormass.dir_lock import DirLock
 from anchormass.training.logged_process import request_stop, run_logged, stop_requested
 from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
@@ -31,8 +32,9 @@ from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import atomic_write_json
 
 LOG_FILE = "train.log"
-# The train.py arguments a stage was started with, written before it starts: a rerun compares them
-# with what the recipe gives now, so a changed recipe never inherits an old run's result.
+# What a stage was started with, written before its first start: its train.py arguments, the run it
+# starts from, its composed config and its data folder's fingerprint (stage_identity.py). A rerun
+# compares them with what the recipe gives now, so a changed recipe never inherits an old result.
 ARGS_FILE = "stage_args.json"
 LOCK_FILE_NAME = ".curriculum.lock"  # in runs/<curriculum>/, held while a runner works there
 
@@ -48,6 +50,9 @@ class StageRun:
     seed: int | None = None  # the training seed, when the curriculum lists seeds
     shared_from: "StageRun | None" = None  # a shared stage: the run (of the first model) that trains it
     after: "StageRun | None" = None  # the run of another model's chain whose checkpoint seeds this one
+    settings: dict | None = None  # its composed config, flat (stage_identity.identify)
+    unknown: str | None = None  # why there is none: the arguments do not compose
+    data_dir: Path | None = None  # the prepared data folder it reads
 
     @property
     def chain(self) -> tuple[int | None, str]:
@@ -155,9 +160,8 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
     (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
     run.out_dir.mkdir(parents=True, exist_ok=True)
     if not (run.out_dir / ARGS_FILE).is_file():  # a resume keeps the record of the run's first start
-        atomic_write_json(run.out_dir / ARGS_FILE, {"args": run.args,
-                                                    "init_from": str(run.init_from) if run.init_from else None},
-                          indent=1)
+        identify([run])
+        atomic_write_json(run.out_dir / ARGS_FILE, stage_record(run), indent=1)
     console.post("started", task)
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
     t0 = time.perf_counter()
@@ -174,6 +178,13 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
+
+
+def stage_record(run: StageRun) -> dict:
+    """stage_args.json: what the stage starts with (see ARGS_FILE)."""
+    return {"args": run.args, "init_from": str(run.init_from) if run.init_from else None,
+            "settings": run.settings,
+            "data": {"dir": str(run.data_dir) if run.data_dir else None, "fingerprint": data_fingerprint(run.data_dir)}}
 
 
 def last_error_line(log: Path) -> str | None:

@@ -205,6 +205,8 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     git = git_state()  # the code as it is loaded now, not as the tree is when a long run ends
     names, is_all = suite_list(cfg)
     out_dir = _out_path(cfg, names)
+    from anchormass.path_checks import check_not_link
+    check_not_link(out_dir, "out_dir")  # before any model loads: publishing cannot replace a link
     with claim_out_dir(out_dir):  # checked before models load: a refusal costs no loading time
         _check_out_dir(cfg, out_dir)
         return _evaluate(cfg, names, is_all, git, out_dir, models, tokenizer)

@@ -42,7 +42,11 @@ def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
     from anchormass.data.tokenizer_loader import load_tokenizer
     from anchormass.training.checkpoint import check_tokenizer, load_model, stored_path
+    from anchormass.training.checkpoint_shapes import check_claimed_shapes
+    from anchormass.training.safe_load import safe_torch_load
 
+    if Path(ckpt).is_file():  # a missing file is load_model's one line
+        check_claimed_shapes(safe_torch_load(ckpt, mmap=True), ckpt)  # its config asks for what it holds
     model, hparams = load_model(ckpt)
     named = tokenizer if tokenizer is not None else hparams.get("tokenizer_path")
     if not named:
