@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.own_files import STAGING_MARK, make_staging, remove_staging
 from anchormass.utils import writable_dir
 
 FORMATS = ("auto", "llama", "anchormass")
@@ -82,9 +83,9 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
         raise ConfigError(f"format=llama needs a Standard checkpoint; {ckpt} is {arch}")
     as_llama = format == "llama" or (format == "auto" and arch == "standard")
     staging = out.parent / f".{out.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    if staging.exists() and not remove_staging(staging):  # one a killed export left (own_files.py)
+        raise ConfigError(f"{staging} is in the way of out={out} and is not a staging folder of ours; move it")
+    make_staging(staging)
     _quiet_transformers()
     try:
         special = tok.special_ids()
@@ -94,10 +95,11 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
             "format": "llama" if as_llama else "anchormass", "tokenizer": str(Path(tok.path).resolve()),
             "tokenizer_sha256": tok.checksum, "trained_lengths": hparams.get("trained_lengths")})
         check_safetensors_only(staging)
+        (staging / STAGING_MARK).unlink()
         if out.exists():
             out.rmdir()  # empty (checked above)
         staging.rename(out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # made by this call
         raise
     return out

@@ -271,7 +271,7 @@ def clean_before_resume(cfg: DictConfig, resume: str) -> str:
     ckpt_cfg = OmegaConf.select(cfg, "callbacks.model_checkpoint") or {}
     folder = Path(ckpt_cfg.get("dirpath") or Path(cfg.output_dir) / "checkpoints")
     keep = int(ckpt_cfg.get("save_top_k", -1))  # no periodic checkpoints configured: keep them all
-    for path in clean_checkpoint_folder(folder, keep, protect=Path(resume)):
+    for path in clean_checkpoint_folder(folder, keep, Path(cfg.output_dir), protect=Path(resume)):
         print(f"note: removed {path.name} left in {folder} by an earlier run", file=sys.stderr)
     resume = str(make_last_the_newest(folder, Path(resume)))
     cfg.ckpt_path = resume

@@ -6,7 +6,8 @@
 - A fresh run (no `ckpt_path`) into a folder that already holds checkpoints is refused: Lightning
   would write `last-v1.ckpt` beside the old `last.ckpt`, and the next stage's `init_from` (which
   reads `last.ckpt`) would silently start from the old weights. `ckpt_path=last` continues the old
-  run; `overwrite=true` deletes what the old run wrote first.
+  run; `overwrite=true` deletes what the old run wrote first: its checkpoints only as far as its
+  folder's record names them (anchormass/own_files.py), so a file a user put there is refused.
 
 Only the process that starts a run claims its folder: the other ranks of a multi-process run
 (Lightning's DDP children, Slurm tasks, torchrun workers) share the claim of rank 0.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError
+from anchormass.own_files import foreign, remove_own_folder
 
 LOCK_FILE = ".run.lock"
 WANDB_ID_FILE = "wandb_run_id"
@@ -63,12 +65,20 @@ def claim(folder: str | os.PathLike, resume: bool, overwrite: bool) -> None:
                           f"continue it with ckpt_path=last, replace it with overwrite=true, or use another folder")
     # A fresh run starts from a clean folder: even without checkpoints, an old train_result.json
     # would tell the curriculum this stage is already done.
+    checkpoints = folder / "checkpoints"
+    others = foreign(checkpoints) if checkpoints.is_dir() and not checkpoints.is_symlink() else []
+    if others:
+        release(folder)
+        raise ConfigError(f"{checkpoints} holds files no run of this project wrote ({', '.join(others[:3])}"
+                          f"{', ...' if len(others) > 3 else ''}); move them elsewhere or use another folder")
     for name in RUN_OUTPUTS:
         path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+        if path == checkpoints and path.is_dir() and not path.is_symlink():
+            remove_own_folder(path)  # only what our runs recorded writing (anchormass/own_files.py)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # a logger's own folder, by its fixed name
         elif path.exists() or path.is_symlink():
-            path.unlink()
+            path.unlink()  # a link is removed, never what it points to
 
 
 def release(folder: str | os.PathLike) -> None:
