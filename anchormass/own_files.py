@@ -18,20 +18,34 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
+from anchormass.utils import atomic_write_text
+
 RECORD = ".anchormass_files"  # one name a line, relative to the folder holding the record
 # In a folder the project made for its own work in progress (an output built beside its target,
 # renamed into place when complete): everything in it is the project's until it is published.
 STAGING_MARK = ".anchormass_staging"
 
 
-def recorded(folder: str | os.PathLike) -> set[str]:
-    """The names recorded in `folder` (none when it has no record). A line cut short by a kill
-    names no file the project wrote, so it matches nothing."""
+def _record_lines(folder: str | os.PathLike) -> list[str]:
     try:
         text = (Path(folder) / RECORD).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return set()
-    return {line for line in text.splitlines() if line}
+        return []
+    return [line for line in text.splitlines() if line]
+
+
+def recorded(folder: str | os.PathLike) -> set[str]:
+    """The names recorded in `folder` (none when it has no record). A line cut short by a kill
+    names no file the project wrote, so it matches nothing."""
+    return set(_record_lines(folder))
+
+
+def forget(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Drop deleted files' names from the record, so a file a user puts there later under the same
+    name is not taken for ours (rewritten atomically: a kill leaves the old record or the new one)."""
+    gone, lines = set(names), _record_lines(folder)
+    if gone & set(lines):
+        atomic_write_text(Path(folder) / RECORD, "".join(f"{n}\n" for n in lines if n not in gone))
 
 
 def record(folder: str | os.PathLike, names: Iterable[str]) -> None:
@@ -81,6 +95,7 @@ def remove_own(paths: Iterable[Path], root: str | os.PathLike) -> list[Path]:
     for path in paths:
         if is_own(path) and inside(path.parent, root):
             path.unlink(missing_ok=True)
+            forget(path.parent, [path.name])
             removed.append(path)
     return removed
 

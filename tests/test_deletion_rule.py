@@ -161,6 +161,9 @@ def test_lightnings_rotation_removes_only_recorded_checkpoints(tmp_path):
     io.remove_checkpoint(tmp_path / "step-0000001.ckpt")
     io.remove_checkpoint(tmp_path / "step-0000002.ckpt")
     assert sorted(os.listdir(tmp_path)) == [RECORD, "step-0000002.ckpt"]
+    (tmp_path / "step-0000001.ckpt").write_bytes(b"a user's copy, put back")   # its name was forgotten
+    io.remove_checkpoint(tmp_path / "step-0000001.ckpt")
+    assert (tmp_path / "step-0000001.ckpt").is_file()
 
 
 # -- a fresh run, overwrite=true (training/run_dir.py: claim)

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from anchormass.errors import CheckpointError
-from anchormass.own_files import is_own, record
+from anchormass.own_files import record, remove_own
 from anchormass.training.safe_load import safe_torch_load
 from anchormass.utils import REPO_ROOT, atomic_path
 
@@ -119,8 +119,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def remove_checkpoint(self, path) -> None:
         """ModelCheckpoint's rotation deletes only checkpoints a run of ours wrote into that folder."""
-        if is_own(path):
-            super().remove_checkpoint(path)
+        remove_own([Path(path)], Path(path).parent)
 
     def load_checkpoint(self, path, map_location="cpu", weights_only=None) -> dict:
         # "cpu" as Lightning's default (lambda storage, loc: storage) leaves the storages

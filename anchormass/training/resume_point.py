@@ -111,7 +111,7 @@ def make_last_the_newest(folder: str | os.PathLike, resume: Path) -> Path:
     newest = recorded_step(last) if last.is_file() else None
     for old in folder.glob(f"{LAST_PREFIX}-v*.ckpt"):
         if old != resume and newest is not None and is_own(old) and (recorded_step(old) or 0) <= newest:
-            old.unlink()
+            remove_own([old], folder)
             print(f"note: removed {old.name}, an older copy of {last.name}", file=sys.stderr)
     return resume
 
