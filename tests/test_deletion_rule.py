@@ -170,15 +170,19 @@ def test_lightnings_rotation_removes_only_recorded_checkpoints(tmp_path):
 
 def test_a_fresh_run_clears_only_what_our_runs_wrote(tmp_path):
     run = tmp_path / "run"
+    claim(run, resume=False, overwrite=False)   # a first run claims the folder: its outputs are recorded
+    release(run)
     fake_checkpoint(run / "checkpoints" / "last.ckpt", 2, ours=True)
     (run / "train_result.json").write_text("{}")
+    (run / "logs").mkdir()
+    (run / "logs" / "metrics.csv").write_text("step\n")
     claim(run, resume=False, overwrite=True)
     release(run)
-    assert not (run / "checkpoints").exists() and not (run / "train_result.json").exists()
+    assert sorted(os.listdir(run)) == [RECORD]
 
     fake_checkpoint(run / "checkpoints" / "last.ckpt", 2, ours=True)
     (run / "checkpoints" / "paper_figure.ckpt").write_bytes(b"a user's file")
-    with pytest.raises(ConfigError, match=r"holds files no run of this project wrote \(paper_figure.ckpt\)"):
+    with pytest.raises(ConfigError, match=r"holds checkpoints/paper_figure.ckpt, which no run of this project"):
         claim(run, resume=False, overwrite=True)
     assert sorted(os.listdir(run / "checkpoints")) == [RECORD, "last.ckpt", "paper_figure.ckpt"]
 
@@ -189,3 +193,15 @@ def test_a_fresh_run_clears_only_what_our_runs_wrote(tmp_path):
     claim(run, resume=False, overwrite=True)   # the link goes, never what it points to
     release(run)
     assert not (run / "checkpoints").exists() and (elsewhere / "last.ckpt").is_file()
+
+
+def test_a_fresh_run_into_a_folder_that_was_never_a_run_deletes_nothing(tmp_path):
+    """`hydra.run.dir=.` in a project of one's own: its logs/ and wandb/ are not a run's outputs."""
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    (home / "logs" / "lab_notebook.md").write_text("mine\n")
+    (home / "wandb").mkdir()
+    before = tree(home)
+    with pytest.raises(ConfigError, match=r"holds logs, wandb, which no run of this project recorded writing"):
+        claim(home, resume=False, overwrite=True)
+    assert tree(home) == before

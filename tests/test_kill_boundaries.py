@@ -16,7 +16,7 @@ from anchormass import utils
 from anchormass.curriculum import execute as curriculum
 from anchormass.curriculum.execute import StageRun, execute
 from anchormass.own_files import recorded
-from anchormass.training import checkpoint, optuna_search
+from anchormass.training import checkpoint, optuna_search, run_dir
 from anchormass.training.preemption import TrainingInterrupted
 from anchormass.training.run import finished_run, train
 from anchormass.training.stage_console import StageConsole
@@ -52,8 +52,9 @@ KILLED = 137  # the child's exit code at its boundary, as a SIGKILLed process's 
 
 def killed_at_boundary(k: int, cfg) -> bool:
     """Train `cfg` in a forked child that dies (os._exit: no cleanup, no handler) at its k-th write
-    boundary: before or after the rename of each atomic write, after each record of a checkpoint
-    name. False when the run has fewer than k boundaries (it finished)."""
+    boundary: before or after the rename of each atomic write, after each record of the names it
+    writes (the run folder's outputs, each checkpoint's). False when the run has fewer than k
+    boundaries (it finished)."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -78,7 +79,7 @@ def killed_at_boundary(k: int, cfg) -> bool:
                     boundary()
 
             utils.AtomicFile.commit = commit_at_boundaries
-            checkpoint.record = record_then_boundary
+            checkpoint.record = run_dir.record = record_then_boundary
             train(cfg)
             code = 0
         finally:
@@ -110,9 +111,9 @@ def test_a_stage_killed_at_any_write_boundary_resumes_on_rerun(data, tmp_path):
         got = model_params(out / "checkpoints" / "last.ckpt")
         assert all(torch.equal(want[name], got[name]) for name in want), f"killed at boundary {k}: other weights"
         assert not list((out / "checkpoints").glob(".*.tmp")), k   # a killed write's temp file is gone
-    # 13: per step, step-N.ckpt and last.ckpt (a name's first record, its temp file, the file), then
-    # train_result.json (its temp file, the file)
-    assert kills == 13
+    # 14: the run folder's record of its outputs; per step, step-N.ckpt and last.ckpt (a name's first
+    # record, its temp file, the file); then train_result.json (its temp file, the file)
+    assert kills == 14
 
 
 def test_a_stage_killed_by_a_signal_ends_the_runner_with_a_documented_code(monkeypatch, tmp_path):
