@@ -84,7 +84,8 @@ def _check_out_dir(cfg: dict, out: Path) -> Path:
             raise ConfigError(f"out_dir {out} already exists and is not empty (pass overwrite=true)")
         if RESULTS not in recorded(out):
             raise ConfigError(f"out_dir {out} is not the output of an evaluation (overwrite=true replaces only "
-                              f"those, and deletes nothing else); choose another out_dir")
+                              f"those, and deletes nothing else; one from before such records: delete it "
+                              f"yourself); choose another out_dir")
         others = foreign(out)
         if others:
             raise ConfigError(f"out_dir {out} holds files no evaluation wrote ({', '.join(others[:3])}"
