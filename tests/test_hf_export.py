@@ -20,6 +20,7 @@ from anchormass.errors import CheckpointError, ConfigError  # noqa: E402
 from anchormass.hf.export import export_checkpoint  # noqa: E402
 from anchormass.hf.provenance import PROVENANCE_FILE  # noqa: E402
 from anchormass.inference.generate import generate  # noqa: E402
+from anchormass.own_files import STAGING_MARK  # noqa: E402
 from anchormass.training.checkpoint import load_model  # noqa: E402
 from anchormass.utils import sha256_file  # noqa: E402
 
@@ -198,6 +199,23 @@ def test_exports_hold_their_weights_as_safetensors_only(exported, tmp_path):
     torch.save({}, pickled / "pytorch_model.bin")  # what save_pretrained(safe_serialization=False) writes
     with pytest.raises(CheckpointError, match=r"safetensors only, found \['pytorch_model.bin'\]"):
         check_safetensors_only(pickled)
+
+
+def test_export_removes_only_a_staging_folder_of_its_own(exported, tmp_path):
+    """A `.<out>.partial` left by a killed export goes; one that is not ours is refused, untouched."""
+    ckpt, _ = exported["standard_tiny"]
+    staging = tmp_path / ".a.partial"
+    staging.mkdir()
+    (staging / "draft.md").write_text("a user's\n")
+    with pytest.raises(ConfigError, match=r"\.a\.partial is in the way of out=.* not a staging folder of ours"):
+        export_checkpoint(ckpt, tmp_path / "a")
+    assert (staging / "draft.md").is_file()
+    (staging / "draft.md").unlink()
+    (staging / STAGING_MARK).write_bytes(b"")
+    (staging / "config.json").write_text("{half")
+    export_checkpoint(ckpt, tmp_path / "a")
+    assert not staging.exists() and STAGING_MARK not in {p.name for p in (tmp_path / "a").iterdir()}
+    assert json.loads((tmp_path / "a" / "config.json").read_text())
 
 
 def test_export_refuses_bad_input(exported, tmp_path):

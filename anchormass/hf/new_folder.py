@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from anchormass.errors import ConfigError
+from anchormass.own_files import STAGING_MARK, make_staging, remove_staging
 from anchormass.utils import give_usual_modes, writable_dir
 
 
@@ -25,15 +26,16 @@ def check_new_folder(out: Path, what: str = "out") -> None:
 def staged_folder(out: Path) -> Iterator[Path]:
     """Yield an empty staging folder; on success it becomes `out`, on any error it is removed."""
     staging = out.parent / f".{out.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    if staging.exists() and not remove_staging(staging):  # one a killed build left (own_files.py)
+        raise ConfigError(f"{staging} is in the way of {out} and is not a staging folder of ours; move it")
+    make_staging(staging)
     try:
         yield staging
         give_usual_modes(staging)  # safetensors and friends leave 0600 files beside 0644 ones
+        (staging / STAGING_MARK).unlink()
         if out.exists():
             out.rmdir()  # empty (check_new_folder)
         staging.rename(out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # made by this call
         raise

@@ -119,13 +119,17 @@ def resume_interrupted(impl: Any, study: Any, sweep_dir: Path) -> None:
     cannot (no checkpoint, or it fails) is recorded as failed, so it is never ranked."""
     import optuna
 
+    from anchormass.training.run_dir import checkpoints_in
+
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         folder = sweep_dir / str(trial.user_attrs.get("folder", trial.number))
         overrides = trial_overrides(folder)
         value = None
-        if overrides is not None and (folder / "checkpoints" / "last.ckpt").is_file():
-            print(f"note: trial {trial.number} was interrupted; resuming it from {folder}/checkpoints/last.ckpt",
-                  file=sys.stderr)
+        # any checkpoint, not only last.ckpt: a trial killed between its first step-N.ckpt and its
+        # first last.ckpt resumes from step N (ckpt_path=last takes the highest recorded step)
+        if overrides is not None and checkpoints_in(folder):
+            print(f"note: trial {trial.number} was interrupted; resuming it from its newest checkpoint in "
+                  f"{folder}/checkpoints", file=sys.stderr)
             overrides = [o for o in overrides if not o.startswith("ckpt_path=")] + ["ckpt_path=last"]
             ret = impl.launcher.launch([overrides], initial_job_idx=int(folder.name))[0]
             try:
