@@ -280,7 +280,7 @@ def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Hay
     options.name = owner
     hay = build_haystack(options, ctx)
     trials = trial_grid(lengths, cfg.get("depths", DEFAULT_DEPTHS), cfg.get("seeds", [0, 1, 2]),
-                        jitter=bool(cfg.get("jitter", True)))
+                        cfg.get("phrasing", "plain"), jitter=bool(cfg.get("jitter", True)))
     for t in trials:
         ctx.check_length(owner, t.length)
         hay.build(t)

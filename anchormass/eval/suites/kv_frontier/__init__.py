@@ -76,6 +76,11 @@ class KvFrontierSuite(Suite):
                          for g in am.get("group_sizes", [1, 2, 4, 8]) for o in am.get("outliers", [True])]
         self.variants += [Variant(share, sel, int(g), False) for share in shares for sel in selections
                           for g in am.get("no_outlier_group_sizes", [])]
+        labels = {v.label for v in self.variants}
+        self.baseline_levels = self.opt("baseline_levels")  # None: every distinct AnchorMass byte level
+        if self.baseline_levels is not None and not set(self.baseline_levels) <= labels:
+            raise ConfigError(f"kv_frontier.baseline_levels: {sorted(set(self.baseline_levels) - labels)} are not "
+                              f"AnchorMass cells of this run ({sorted(labels)})")
         self.kv_policies = {}
         for name in self.opt("kv_policies", list(KV_POLICIES)):
             if name not in KV_POLICIES:
@@ -172,7 +177,7 @@ class KvFrontierSuite(Suite):
         levels: dict[tuple, dict] = {}
         for r in rows:
             v = next((v for v in self.variants if v.label == r["method"]), None)
-            if v is not None:
+            if v is not None and (self.baseline_levels is None or v.label in self.baseline_levels):
                 levels.setdefault((r["length"], v.bytes_key), r)
         press_specs, press_rows = [], []
         for (L, _), ref in progress(list(levels.items()), ctx.progress, "kv frontier baselines"):
