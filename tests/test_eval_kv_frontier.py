@@ -80,6 +80,15 @@ def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(t
     again = json.loads((out2 / "results.json").read_text())["suites"]["kv_frontier"]["rows"]
     assert (work / "rows.jsonl").read_text().splitlines() == lines
     assert [r["answers"] for r in again] == [r["answers"] for r in rows]
+    # only_finished reports the journal and names what it lacks, running nothing
+    lines.pop()  # as if the run had stopped before its last row
+    (work / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    only = {**cfg, "out_dir": str(tmp_path / "out3")}
+    only["eval"] = {"kv_frontier": {**cfg["eval"]["kv_frontier"], "only_finished": True}}
+    part = json.loads((run_evaluation(only, models=[m], tokenizer=tok) / "results.json").read_text())
+    part = part["suites"]["kv_frontier"]
+    assert len(part["rows"]) == len(rows) - 1 and len(part["settings"]["not_run_yet"]) == 1
+    assert (work / "rows.jsonl").read_text().splitlines() == lines
 
 
 KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"

@@ -93,6 +93,7 @@ class KvFrontierSuite(Suite):
         self.kvpress_python = peer.check_python(kvp["python"]) if kvp.get("python") else None
         self.presses = list(kvp.get("presses", []))
         self.pairs = dict(kvp.get("pairs", {}))  # press class -> our policy it implements
+        self.only_finished = bool(self.opt("only_finished", False))
         self.work = resolve_path(self.opt("work_dir") or f"runs/kv_frontier/{(self.model.sha256 or 'random')[:12]}")
         self.work.mkdir(parents=True, exist_ok=True)
         self.settings_key = hashlib.sha256(json.dumps(
@@ -151,15 +152,24 @@ class KvFrontierSuite(Suite):
         done = self._journal()
         fed = max(0, self.new_tokens - 1)  # tokens fed after the prefill (the last answer token is not)
 
-        def once(key: str, make) -> dict:
+        missing: list[str] = []
+
+        def once(key: str, make) -> dict | None:
             if key not in done:
+                if self.only_finished:  # report what the journal holds; name the rest
+                    missing.append(key)
+                    return None
                 done[key] = make()
                 self._append(key, done[key])
             return done[key]
 
-        scores = torch.tensor(once("probe", lambda: {"scores": retrieval_scores(
+        probe = once("probe", lambda: {"scores": retrieval_scores(
             std, [self.probe_hay.build(t) for t in self.probe_trials],
-            [self.probe_hay.needle_span(t) for t in self.probe_trials]).tolist()})["scores"])
+            [self.probe_hay.needle_span(t) for t in self.probe_trials]).tolist()})
+        if probe is None:
+            raise ConfigError(f"kv_frontier: only_finished=true, but {self.work / 'rows.jsonl'} holds no finished "
+                              f"rows of these settings")
+        scores = torch.tensor(probe["scores"])
         rows: list[dict] = []
         cells = [(L, v) for L in self.lengths for v in [None, *self.variants]]
         for L, variant in progress(cells, ctx.progress, "kv frontier"):
@@ -173,6 +183,7 @@ class KvFrontierSuite(Suite):
                 return self._row(L, variant.label, variant.label, self._ours(model, L), groups=groups)
 
             rows.append(once(f"{L}/{variant.label}", run_variant))
+        rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
         for r in rows:
@@ -192,18 +203,23 @@ class KvFrontierSuite(Suite):
                 if label in done:
                     rows.append(done[label])
                     continue
+                if self.only_finished:
+                    missing.append(label)
+                    continue
                 spec = {"label": label, "press": press["press"],
                         "kwargs": {**press.get("kwargs", {}), "compression_ratio": (L - kept - 0.5) / L}}
                 press_specs.append(spec)
                 press_rows.append((label, L, ref["level"], kept))
         if press_specs and self.kvpress_python is not None:
             rows += self._kvpress(ctx, press_specs, press_rows, per_token, done)
+        rows = [r for r in rows if r is not None]
         summary = {f"L{r['length']}/{r['level']}/{r['method']}": r["k"] / r["n"] for r in rows if r["n"]}
         return {"settings": {"lengths": self.lengths, "new_tokens": self.new_tokens, "passkey_trials":
                              len(self.trials[self.lengths[0]]), "standard_bytes_per_token": per_token,
                              "model": self.model.label, "sha256": self.model.sha256, "pairs": self.pairs,
                              "retrieval_scores": scores.tolist(), "chunk": self.chunk,
-                             "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5"},
+                             "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5",
+                             "not_run_yet": missing},
                 "rows": rows, "summary": summary}
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
@@ -284,6 +300,9 @@ def report_markdown(result: dict) -> str:
         text.append(f"### {L:,} tokens\n\n" + markdown(
             ["level", "method", "stored KiB / seq", "tokens per global slot", "passkey exact [95% CI]",
              "digits (of 4)", "McNemar p vs full", "prompt tokens kept / KV head"], body))
+    if s.get("not_run_yet"):
+        text.append(f"Not run yet (the journal holds no row for them; a rerun without only_finished runs them): "
+                    f"{', '.join(s['not_run_yet'])}.\n")
     pairs = agreement(rows, s.get("pairs") or {})
     if pairs:
         text.append("### Agreement with kvpress, item by item\n\n" + markdown(
