@@ -17,7 +17,7 @@ def counted(monkeypatch):
         builds.append((q_len, kv_len, device))
         return object()  # a distinct token per build
 
-    def fake_flex(q, k, v, score_mod=None, block_mask=None):
+    def fake_flex(q, k, v, score_mod=None, block_mask=None, enable_gqa=False):
         used.append(block_mask)
         return torch.zeros_like(q)
 

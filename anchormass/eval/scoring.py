@@ -121,6 +121,9 @@ class KVBytes:
         self.allocated_peak = max(self.allocated_peak, cache.nbytes)
         self.tokens_per_slot = tokens_per_slot(cache)
 
+    def as_dict(self) -> dict:
+        return asdict(self)
+
 
 def tokens_per_slot(cache) -> float | None:
     """A session's real merge ratio: tokens represented by the stored global slots over the slots
@@ -129,9 +132,6 @@ def tokens_per_slot(cache) -> float | None:
     layers = [layer for layer in cache.layers if hasattr(layer, "slot_tokens") and layer.counts is not None]
     slots = sum(int(layer.counts.sum()) for layer in layers)
     return sum(layer.slot_tokens() for layer in layers) / slots if slots else None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def new_session(model, batch_size: int, total_len: int, policy=None, budget=None):

@@ -27,7 +27,7 @@ def staged_folder(out: Path) -> Iterator[Path]:
     """Yield an empty staging folder; on success it becomes `out`, on any error it is removed."""
     staging = out.parent / f".{out.name}.partial"
     if staging.exists() and not remove_staging(staging):  # one a killed build left (own_files.py)
-        raise ConfigError(f"{staging} is in the way of {out} and is not a staging folder of ours; move it")
+        raise ConfigError(f"{staging} is in the way of out={out} and is not a staging folder of ours; move it")
     make_staging(staging)
     try:
         yield staging
