@@ -84,6 +84,9 @@ def test_each_stage_trains_both_models(stage, data, tmp_path):
         length = 256 if stage.startswith("longctx") else 64
         assert hp["trained_lengths"] == [length] and hp["model_config"]["original_max_len"] == length
         assert hp["tokenizer_path"].endswith("tokenizer.model") and hp["data_fingerprint"]
+        # the checkpoint carries the tokenizer itself, and its path is absolute (checkpoint_tokenizer.py)
+        assert Path(hp["tokenizer_path"]).is_absolute() and hp["tokenizer_files"]["files"]["tokenizer.model"] == \
+            Path(hp["tokenizer_path"]).read_bytes()
         assert hp["tokenizer_checksum"] == json.loads((stage_data(stage, data) / "meta.json").read_text())[
             "tokenizer_checksum"]
         logits = loaded(torch.zeros(1, 8, dtype=torch.long))

@@ -49,13 +49,13 @@ def _quiet_transformers() -> None:
 def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
     from anchormass.data.tokenizer_loader import load_tokenizer
-    from anchormass.training.checkpoint import check_tokenizer, load_model, stored_path
+    from anchormass.training.checkpoint import check_tokenizer, load_model
+    from anchormass.training.checkpoint_tokenizer import checkpoint_tokenizer
 
     model, hparams = load_model(ckpt)
-    named = tokenizer if tokenizer is not None else hparams.get("tokenizer_path")
-    if not named:
+    tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else checkpoint_tokenizer(hparams, ckpt)
+    if tok_path is None:
         raise ConfigError(f"checkpoint {ckpt} names no tokenizer: pass tokenizer=<path to tokenizer.model>")
-    tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else stored_path(named)
     if not tok_path.exists():
         raise DataError(f"tokenizer not found: {tok_path} (pass tokenizer=<path to tokenizer.model>)")
     tok = load_tokenizer(tok_path)

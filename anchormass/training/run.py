@@ -28,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
 from anchormass.data.datamodule import datamodule_config
 from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
-from anchormass.data.tokenizer_loader import tokenizer_in
+from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
+from anchormass.training.checkpoint_tokenizer import carried
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
 from anchormass.training.preemption import TrainingInterrupted
@@ -229,11 +230,13 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
                       if start_ckpt is not None and cfg.get("ckpt_path") else [])
     # Lengths trained so far (RoPE original_max_len) come from the run we continue or start from.
     trained_lengths = list(start_ckpt["hyper_parameters"].get("trained_lengths", [])) if start_ckpt else []
-    tokenizer = tokenizer_in(data_dir, meta)  # tokenizer.model, or an imported tokenizer's folder
+    # tokenizer.model, or an imported tokenizer's folder: the checkpoint carries its bytes (checkpoint_tokenizer.py)
+    tokenizer = tokenizer_in(data_dir, meta).resolve()
     module = LitLanguageModel(
         model_config=model_cfg.to_dict(), total_steps=cfg.stage.total_steps, seq_len=cfg.stage.seq_len,
         optim=OmegaConf.to_container(cfg.optim, resolve=True), trained_lengths=trained_lengths,
         tokenizer_path=str(tokenizer) if tokenizer.exists() else None,
+        tokenizer_files=carried(load_tokenizer(tokenizer)) if tokenizer.exists() else None,
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
         loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"))
     if start_ckpt is not None and not cfg.get("ckpt_path"):
