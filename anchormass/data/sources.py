@@ -99,6 +99,9 @@ def _chunk(doc: str, max_chars: int) -> Iterator[str]:
 
 def _load(src: Mapping[str, Any]):
     """A datasets Dataset / IterableDataset and a one-line description of where it came from."""
+    from anchormass.extras import require
+
+    require("data", f"data.source.kind={src.get('kind')}")
     import datasets
 
     datasets.disable_progress_bars()  # our own tqdm reports documents; datasets' bars are noise here

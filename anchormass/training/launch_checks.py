@@ -70,10 +70,26 @@ def check_inputs(cfg: Any) -> None:
             raise CheckpointError(f"{key} checkpoint not found: {path}")
 
 
+# a logger class (configs/logger/) -> the library it writes through
+LOGGER_LIBRARIES = {"TensorBoardLogger": "tensorboard", "WandbLogger": "wandb"}
+
+
+def check_logger(cfg: Any) -> None:
+    """A logger whose library is missing (an installed package without its [loggers] extra): one
+    line now, not Hydra's instantiation error from inside the run folder."""
+    from anchormass.extras import require
+
+    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+    for cls, library in LOGGER_LIBRARIES.items():
+        if target.endswith(cls):
+            require("loggers", f"logger {target.rsplit('.', 1)[-1]}", [library])
+
+
 def check_train_launch(cfg: Any) -> None:
     from anchormass.config_checks import check_numbers
     from anchormass.training.run import INT_SETTINGS
 
+    check_logger(cfg)
     check_numbers(cfg, INT_SETTINGS)
     check_warmup(cfg)
     check_accelerator(cfg)

@@ -47,7 +47,7 @@ from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_proce
 from anchormass.training.run_record import log_run_record, run_record
 from anchormass.training.safe_load import safe_torch_load
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text, writable_dir
+from anchormass.utils import atomic_write_json, atomic_write_text, resolve_path, writable_dir
 
 RESULT_FILE = "train_result.json"
 
@@ -79,8 +79,11 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 
 def data_metadata(data_dir: str | os.PathLike) -> dict:
     """The prepared dataset's meta.json (vocab size, kind, tokenizer checksum, ...)."""
-    if not Path(data_dir).is_dir():
-        raise DataError(f"no prepared data folder {data_dir}; run: python scripts/prepare_data.py data=<name>")
+    if not resolve_path(data_dir).is_dir():
+        from anchormass.command_names import command
+
+        raise DataError(f"no prepared data folder {resolve_path(data_dir)}; run: {command('scripts/prepare_data.py')} "
+                        f"data=<name>, or pass data_dir=<folder> (relative paths are taken from the current folder)")
     return read_metadata(data_dir)
 
 
