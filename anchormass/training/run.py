@@ -82,8 +82,10 @@ def data_metadata(data_dir: str | os.PathLike) -> dict:
     if not resolve_path(data_dir).is_dir():
         from anchormass.command_names import command
 
-        raise DataError(f"no prepared data folder {resolve_path(data_dir)}; run: {command('scripts/prepare_data.py')} "
-                        f"data=<name>, or pass data_dir=<folder> (relative paths are taken from the current folder)")
+        here = f" (a relative path is taken from the current folder, {Path.cwd()})"
+        where = "" if Path(data_dir).is_absolute() else here
+        raise DataError(f"no prepared data folder {data_dir}{where}; run: {command('scripts/prepare_data.py')} "
+                        f"data=<name> here, or pass data_dir=<folder>")
     return read_metadata(data_dir)
 
 
