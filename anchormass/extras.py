@@ -25,6 +25,7 @@ EXTRAS = {
 
 # command-line choices that need an extra: (override, value) -> (extra, the modules it needs)
 CHOICES = {
+    ("suite", "lm_eval"): ("eval", EXTRAS["eval"]),
     ("logger", "tensorboard"): ("loggers", ("tensorboard",)),
     ("logger", "wandb"): ("loggers", ("wandb",)),
     ("hydra/sweeper", "optuna_optim"): ("sweep", EXTRAS["sweep"]),
@@ -59,10 +60,10 @@ def require(extra: str, feature: str, modules: tuple[str, ...] | list[str] | Non
 
 def check_choices(argv: list[str]) -> None:
     """Every `group=choice` on the command line whose plugin or library is missing (sweeps'
-    `logger=a,b` choice by choice)."""
+    `logger=a,b` and lists `suite=[ppl,lm_eval]` choice by choice)."""
     for arg in argv:
         key, eq, value = arg.lstrip("+").partition("=")
-        for choice in value.split(",") if eq else []:
+        for choice in value.strip("[]").split(",") if eq else []:
             if (key, choice) in CHOICES:
                 extra, modules = CHOICES[(key, choice)]
                 require(extra, f"{key}={choice}", modules)

@@ -97,11 +97,23 @@ def _chunk(doc: str, max_chars: int) -> Iterator[str]:
         yield "\n".join(piece).strip()
 
 
-def _load(src: Mapping[str, Any]):
-    """A datasets Dataset / IterableDataset and a one-line description of where it came from."""
+# source kinds read through the `datasets` library (the [data] extra of an installed package)
+DATASETS_KINDS = ("files", "hub")
+
+
+def require_readers(source: Any) -> None:
+    """One line when a source (or a list of them) needs a library that is not installed."""
     from anchormass.extras import require
 
-    require("data", f"data.source.kind={src.get('kind')}")
+    for src in source if isinstance(source, (list, tuple)) or hasattr(source, "append") else [source]:
+        kind = (src or {}).get("kind")
+        if kind in DATASETS_KINDS:
+            require("data", f"data.source.kind={kind}")
+
+
+def _load(src: Mapping[str, Any]):
+    """A datasets Dataset / IterableDataset and a one-line description of where it came from."""
+    require_readers(src)
     import datasets
 
     datasets.disable_progress_bars()  # our own tqdm reports documents; datasets' bars are noise here
