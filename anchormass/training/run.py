@@ -25,14 +25,15 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
+from anchormass.config_checks import check_numbers
 from anchormass.data.datamodule import datamodule_config
-from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
+from anchormass.data.dataset_dir import fingerprint, verify_dataset
 from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
-from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
+from anchormass.errors import AnchorMassError, CheckpointError, ConfigError
 from anchormass.models.config import load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.checkpoint_tokenizer import carried
+from anchormass.training.launch_checks import INT_SETTINGS, data_metadata
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
 from anchormass.training.preemption import TrainingInterrupted
@@ -47,7 +48,7 @@ from anchormass.training.run_dir import WANDB_ID_FILE, claim, is_launching_proce
 from anchormass.training.run_record import log_run_record, run_record
 from anchormass.training.safe_load import safe_torch_load
 from anchormass.training.slurm_requeue import requeue_resume
-from anchormass.utils import atomic_write_json, atomic_write_text, resolve_path, writable_dir
+from anchormass.utils import atomic_write_json, atomic_write_text, writable_dir
 
 RESULT_FILE = "train_result.json"
 
@@ -75,18 +76,6 @@ def build(node: Any) -> Any:
 def check_output_dir(path: str | os.PathLike) -> Path:
     """Create the run folder and prove it is writable now, not after an hour of training."""
     return writable_dir(path, "output folder")
-
-
-def data_metadata(data_dir: str | os.PathLike) -> dict:
-    """The prepared dataset's meta.json (vocab size, kind, tokenizer checksum, ...)."""
-    if not resolve_path(data_dir).is_dir():
-        from anchormass.command_names import command
-
-        here = f" (a relative path is taken from the current folder, {Path.cwd()})"
-        where = "" if Path(data_dir).is_absolute() else here
-        raise DataError(f"no prepared data folder {data_dir}{where}; run: {command('scripts/prepare_data.py')} "
-                        f"data=<name> here, or pass data_dir=<folder>")
-    return read_metadata(data_dir)
 
 
 def resolve_model_config(cfg: DictConfig, meta: dict):
@@ -250,18 +239,6 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         load_weights(module.model, start_ckpt, start)
     module.resume_changes = resume_changes  # made to take effect by ResumeOverrides (resume_settings.py)
     return module
-
-
-# Numeric settings read with int() / float() below: a word, 20.7 for a step count or 0 steps
-# between validations must be a one-line ConfigError, not a traceback or a silently changed run.
-# stage.* come first so `stage.lr=fast` is named as written, not as optim.lr's interpolation.
-INT_SETTINGS = {
-    **dict.fromkeys(("seed", "stage.val_batches", "stage.warmup_steps"), NON_NEGATIVE_WHOLE),
-    **dict.fromkeys(("torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
-                     "stage.micro_batch_size", "stage.val_every", "stage.ckpt_every", "stage.loss_chunk"), COUNT),
-    "stage.lr": POSITIVE, "optim.lr": POSITIVE, "optim.warmup_steps": NON_NEGATIVE_WHOLE,
-    "optim.weight_decay": NON_NEGATIVE, "optim.min_lr_ratio": NON_NEGATIVE, "optim.eps": POSITIVE,
-}
 
 
 def last_of_run(out: Path) -> Path:
