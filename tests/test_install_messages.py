@@ -48,3 +48,17 @@ def test_help_and_advice_name_this_installs_commands():
     assert command_names.for_this_install(train.__doc__) == train.__doc__  # the checkout's own words
     assert command_names.command("scripts/prepare_data.py", checkout=None) == "anchormass-prepare"
     assert command_names.command("scripts/prepare_data.py", checkout=REPO) == "python scripts/prepare_data.py"
+
+
+def test_relative_paths_are_taken_from_the_current_folder_in_every_command(tmp_path, monkeypatch):
+    """prepare_data writes data/<name> where train.py then reads it: both from the current folder
+    (before, in a checkout, prepare_data wrote into the checkout while train.py read ./data)."""
+    from anchormass.errors import DataError
+    from anchormass.path_checks import check_data_out_dir
+    from anchormass.training.launch_checks import data_metadata
+    from anchormass.utils import resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_path("data/demo") == check_data_out_dir("data/demo") == tmp_path / "data" / "demo"
+    with pytest.raises(DataError, match=f"no prepared data folder data/demo .*current folder, {tmp_path}\\)"):
+        data_metadata("data/demo")
