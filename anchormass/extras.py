@@ -15,7 +15,7 @@ from anchormass.utils import CHECKOUT
 
 # extra -> the importable modules it brings (pyproject.toml)
 EXTRAS = {
-    "hf": ("transformers", "safetensors", "tokenizers"),
+    "hf": ("transformers", "safetensors", "tokenizers"),  # and gguf, which only an import needs
     "eval": ("lm_eval", "accelerate", "transformers"),
     "loggers": ("tensorboard", "wandb"),
     "sweep": ("optuna", "hydra_plugins.hydra_optuna_sweeper"),

@@ -61,3 +61,14 @@ def check_recipe_names(cfg: Any) -> None:
         check_folder_name(key, f"curriculum {name}: stage")
     for key in _entry_names(cfg.get("evaluate"), lambda e: str(e.get("name"))):
         check_folder_name(key, f"curriculum {name}: evaluate entry")
+
+
+def check_not_link(path: Any, what: str) -> Path:
+    """A results folder that is replaced as a whole when written (a staging folder renamed into
+    place) must not be a symbolic link: replacing it would not follow the link, and removing the
+    link's folder failed with a traceback after the whole evaluation had run. Checked up front."""
+    path = Path(str(path)).expanduser()
+    if path.is_symlink():
+        raise ConfigError(f"{what} {path} is a symbolic link (to {os.readlink(path)}); results replace the folder "
+                          f"as a whole and cannot go through a link: give the folder it points to, or another path")
+    return path

@@ -112,6 +112,7 @@ def test_prepare_data_names_the_missing_tokenizer_key(tmp_path):
     ("scripts/recall_probe.py", ["stepz=5"], ["unknown key stepz", "did you mean steps?"]),
     ("scripts/bench_data.py", ["min_m=1"], ["unknown key min_m", "did you mean min_mb?"]),
     ("scripts/merge_data.py", ["shard=[a]"], ["unknown key shard", "did you mean shards?"]),
+    ("scripts/import_hf.py", ["scr=x.gguf"], ["unknown key scr", "did you mean src?"]),
 ])
 def test_unknown_keys_of_the_other_entry_points(tmp_path, script, args, named):
     proc = run(script, [*args, f"out_dir={tmp_path / 'o'}"] if script == "evaluate.py" else args)

@@ -18,6 +18,7 @@ ENTRY_POINTS = {
     "scripts/prepare_data.py": (["data ", "aozora", "demo_chat"], ["model ", "curriculum ", "trainer "]),
     "scripts/run_curriculum.py": (["curriculum ", "mini", "trainer ", "runs_root=runs"], ["suite ", "data "]),
     "scripts/export_hf.py": (["format ", "llama", "ckpt=null", "out=null"], ["model ", "data ", "curriculum "]),
+    "scripts/import_hf.py": (["src=null", "out=null", "global_groups=null"], ["model ", "data ", "curriculum "]),
 }
 
 

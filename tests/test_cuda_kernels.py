@@ -46,6 +46,16 @@ def test_flex_matches_block_sdpa(arch, t, dtype):
     assert within_bound(row), row
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("arch", ["anchormass", "standard"])
+def test_flex_matches_block_sdpa_with_gqa(arch, dtype):
+    """The 158M shape with 12 query heads over 4 KV heads (groups of 3; 6 + 6 AnchorMass heads)."""
+    cfg = load_model_config(f"{arch}_158m").replace(n_kv_heads=4)
+    row = flex_vs_sdpa(cfg, arch, 4096, dtype, "cuda", grads=True, compiled=True)
+    _record({**row, "arch": f"{arch}_gqa"})
+    assert within_bound(row), row
+
+
 @pytest.mark.parametrize("t, chunk", [(333, 64), (1500, 1024), (3000, 1024)])
 @pytest.mark.parametrize("name", ["anchormass_158m", "standard_158m"])
 @torch.no_grad()

@@ -1,23 +1,30 @@
 """A rerun of a changed recipe (anchormass/curriculum/changes.py): a finished or resumable stage
-whose recorded train.py arguments differ from the plan is refused in one line naming the keys,
-retrained with its descendants (old folders kept aside) or kept with a note; and a failed stage's
-own error line comes first, with advice that works."""
+whose recorded config differs from the one the plan composes now is refused in one line naming the
+keys, retrained with its descendants (old folders kept aside) or kept with a note; and a failed
+stage's own error line comes first, with advice that works."""
 
 import json
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from anchormass.curriculum.changes import check_changes, settings
-from anchormass.curriculum.execute import ARGS_FILE, StageRun, failure_text
+from anchormass.curriculum.changes import check_changes
+from anchormass.curriculum.execute import ARGS_FILE, StageRun, failure_text, stage_record
+from anchormass.curriculum.stage_identity import identify
 from anchormass.errors import ConfigError
+from anchormass.training.run_settings import run_settings
+from anchormass.utils import CONFIG_ROOT
 
 ARGS = ["stage=pretrain_1k", "stage.total_steps=200", "stage.lr=0.001", "hydra.run.dir=/x", "logger=csv"]
 
 
 def finished(folder, args, done=True):
+    """A stage folder as execute.py leaves it, recorded as started with `args`."""
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    (folder / ARGS_FILE).write_text(json.dumps({"args": args}))
+    then = StageRun("m", "x", folder, None, list(args))
+    identify([then])
+    (folder / ARGS_FILE).write_text(json.dumps(stage_record(then)))
     (folder / "train_result.json").write_text(json.dumps({"completed": done, "global_step": 200 if done else 50,
                                                           "total_steps": 200}))
 
@@ -33,13 +40,15 @@ def chain(tmp_path, args_now):
 
 
 def test_display_keys_are_not_settings():
-    assert settings(ARGS + ["verbose=2", "logger=none", "++callbacks.progress_file._target_=x"]) == {
-        "stage": "pretrain_1k", "stage.total_steps": "200", "stage.lr": "0.001"}
+    with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
+        plain = run_settings(compose("train", overrides=ARGS))
+        shown = run_settings(compose("train", overrides=ARGS + ["verbose=2", "logger=none", "torch_threads=2",
+                                                               "++callbacks.progress_file._target_=x"]))
+    assert shown == plain and plain["stage.total_steps"] == 200 and not any(k.startswith("hydra") for k in plain)
 
 
 def test_the_thread_count_is_not_a_setting(tmp_path):
     """`curriculum.parallel` sets torch_threads on shared stages: a rerun on other cores is no change."""
-    assert settings(ARGS + ["torch_threads=2"]) == settings(ARGS + ["torch_threads=1"])
     check_changes(list(chain(tmp_path, ARGS + ["torch_threads=2"])), "refuse")
 
 
@@ -50,8 +59,8 @@ def test_an_unchanged_recipe_and_a_new_run_pass(tmp_path):
 
 def test_a_changed_finished_stage_is_refused_in_one_line(tmp_path):
     runs = chain(tmp_path, ["stage=pretrain_1k", "stage.total_steps=400", "stage.lr=0.001", "model.group_size=2"])
-    with pytest.raises(ConfigError, match=r"m/a was trained with other settings than the recipe gives now "
-                                          r"\(model.group_size: - -> 2; stage.total_steps: 200 -> 400\); "
+    with pytest.raises(ConfigError, match=r"m/a does not match what the recipe gives now "
+                                          r"\(model.group_size: \d+ -> 2; stage.total_steps: 200 -> 400\); "
                                           r"rerun with changed=retrain") as err:
         check_changes(list(runs), "refuse")
     assert "\n" not in str(err.value)

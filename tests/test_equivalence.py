@@ -1,10 +1,12 @@
 """THE invariant (docs/method.md §2.5): parallel logits == chunked prefill + token-by-token decode (fp32, <= 1e-4).
 
-Both models, random init. The budget is large enough that stage 2 never fires.
+Both models, random init. The budget is large enough that stage 2 never fires. Both again with
+grouped-query attention and tied embeddings (tests/_gqa_helpers.py).
 """
 
 import pytest
 import torch
+from _gqa_helpers import gqa_config
 
 from anchormass.cache import new_cache
 from anchormass.models import build_model, load_model_config
@@ -18,6 +20,8 @@ def model(name):
         torch.manual_seed(0)
         # anchormass_tiny_g1: the ablations' lossless_slots (group_size 1: one slot per token)
         spec = load_model_config("anchormass_tiny").replace(group_size=1) if name == "anchormass_tiny_g1" else name
+        if name.endswith("_gqa"):
+            spec = gqa_config(name.removesuffix("_tiny_gqa"))
         MODELS[name] = build_model(spec).eval()
     return MODELS[name]
 
@@ -35,10 +39,11 @@ def incremental_logits(m, ids, chunk, prompt_len):
 # Lengths below the sink count, not multiples of 64, several blocks; each chunk size (1, 7, 64,
 # larger than the prompt) meets short and long prompts. The full cross product costs ~2x the time.
 CASES = [(5, 1), (5, 7), (15, 7), (15, 1000), (100, 1), (100, 64), (200, 7), (200, 1000), (333, 64), (333, 1000)]
+NAMES = ("anchormass_tiny", "standard_tiny", "anchormass_tiny_g1", "anchormass_tiny_gqa", "standard_tiny_gqa")
+ALL_CASES = [(name, t, c) for name in NAMES for t, c in CASES]
 
 
-@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny", "anchormass_tiny_g1"])
-@pytest.mark.parametrize("t, chunk", CASES, ids=[f"T{t}-chunk{c}" for t, c in CASES])
+@pytest.mark.parametrize("name, t, chunk", ALL_CASES, ids=[f"{n}-T{t}-chunk{c}" for n, t, c in ALL_CASES])
 @torch.no_grad()
 def test_parallel_equals_incremental(name, t, chunk):
     m = model(name)
@@ -55,7 +60,7 @@ def test_parallel_equals_incremental(name, t, chunk):
     assert st["mass"] == [[t, t]] * m.cfg.n_layers  # nothing merged or evicted: every token counted once
 
 
-@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny"])
+@pytest.mark.parametrize("name", ["anchormass_tiny", "standard_tiny", "anchormass_tiny_gqa"])
 @torch.no_grad()
 def test_batch_elements_do_not_influence_each_other(name):
     m = model(name)

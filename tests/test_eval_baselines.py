@@ -17,11 +17,12 @@ from anchormass.models import build_model
 B, H, D = 2, 3, 8
 
 
-def test_hit_rate_probe_counts_match_brute_force_and_change_nothing():
+@pytest.mark.parametrize("h_kv", [H, 1], ids=["mha", "gqa"])  # gqa: the 3 query heads share one KV head
+def test_hit_rate_probe_counts_match_brute_force_and_change_nothing(h_kv):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, 40, D, generator=g) * s for s in (3.0, 3.0, 1.0))  # peaky attention
+    q, k, v = (torch.randn(B, h, 40, D, generator=g) * s for h, s in ((H, 3.0), (h_kv, 3.0), (h_kv, 1.0)))
     probe = HitRateProbe(window=4, kernel=3, threshold=0.05).bind(12)
-    watched, full = StandardLayerCache(H, D, B, probe), StandardLayerCache(H, D, B)
+    watched, full = StandardLayerCache(h_kv, D, B, probe), StandardLayerCache(h_kv, D, B)
     outs = []
     for layer in (watched, full):
         o = [layer.attend(q[:, :, :30], k[:, :, :30], v[:, :, :30])]
@@ -40,7 +41,7 @@ def test_hit_rate_probe_counts_match_brute_force_and_change_nothing():
             for h in range(H):
                 imp = set(torch.nonzero(probs[b, h] > 0.05).flatten().tolist())
                 important[b, h] += len(imp)
-                hits[b, h] += len(imp & set(chosen[b, h].tolist()))
+                hits[b, h] += len(imp & set(chosen[b, h // (H // h_kv)].tolist()))  # its KV head's picks
     assert important.sum() > 0 and 0 < hits.sum() < important.sum()
     np.testing.assert_array_equal(watched.state["hit_hits"].numpy(), hits)
     np.testing.assert_array_equal(watched.state["hit_important"].numpy(), important)

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from _passkey_helpers import passkey_tokenizer
 
 from anchormass.errors import ConfigError
 from anchormass.eval.report import mcnemar_exact, wilson_interval
@@ -22,12 +23,7 @@ CFG = {"lengths": [128], "slot_budgets": [8], "slot_policies": ["adaptive", "fif
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from anchormass.data.tokenizer import train_tokenizer
-    from anchormass.eval.items import CLASSIC_EN, PHRASINGS
-
-    d = tmp_path_factory.mktemp("frontier")
-    texts = [CLASSIC_EN * 3] + [" ".join(v) for v in PHRASINGS["en"].values()] + ["0123456789 passkey"] * 3
-    tok = train_tokenizer(texts, d / "tok.model", vocab_size=400, hard_vocab_limit=False)
+    tok = passkey_tokenizer(tmp_path_factory.mktemp("frontier"))
     torch.manual_seed(0)
     models = [build_model("standard_tiny").eval(), build_model("anchormass_tiny").eval()]
     return tok, [EvalModel(m.cfg.name, m, m.cfg, "random-init") for m in models]

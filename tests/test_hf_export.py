@@ -14,10 +14,13 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _gqa_helpers import GQA  # noqa: E402
+
 from anchormass.errors import CheckpointError, ConfigError  # noqa: E402
 from anchormass.hf.export import export_checkpoint  # noqa: E402
 from anchormass.hf.provenance import PROVENANCE_FILE  # noqa: E402
 from anchormass.inference.generate import generate  # noqa: E402
+from anchormass.own_files import STAGING_MARK  # noqa: E402
 from anchormass.training.checkpoint import load_model  # noqa: E402
 from anchormass.utils import sha256_file  # noqa: E402
 
@@ -29,13 +32,17 @@ TRAINED = 256  # original_max_len of the test checkpoints
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """{preset: (checkpoint, export folder)} for standard_tiny and anchormass_tiny."""
+    """{name: (checkpoint, export folder)} for standard_tiny and anchormass_tiny, and both with
+    grouped-query attention and tied embeddings (<preset>_gqa, tests/_gqa_helpers.py)."""
     base = tmp_path_factory.mktemp("hf_export")
     tok = tiny_tokenizer(base)
+    gqa = {k: v for k, v in GQA.items() if k != "vocab_size"}
     out = {}
     for preset, std in (("standard_tiny", 0.02), ("anchormass_tiny", 0.2)):
-        ckpt = tiny_checkpoint(base / f"{preset}.ckpt", preset, tok, init_std=std, original_max_len=TRAINED)
-        out[preset] = (ckpt, export_checkpoint(ckpt, base / f"{preset}_hf"))
+        for name, changes in ((preset, {}), (f"{preset}_gqa", gqa)):
+            ckpt = tiny_checkpoint(base / f"{name}.ckpt", preset, tok, init_std=std, original_max_len=TRAINED,
+                                   **changes)
+            out[name] = (ckpt, export_checkpoint(ckpt, base / f"{name}_hf"))
     return out
 
 
@@ -43,16 +50,28 @@ def _ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def test_standard_exports_as_native_llama(exported):
+def _stored_names(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return list(f.keys())
+
+
+@pytest.mark.parametrize("name", ["standard_tiny", "standard_tiny_gqa"])
+def test_standard_exports_as_native_llama(exported, name):
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    ckpt, folder = exported["standard_tiny"]
+    ckpt, folder = exported[name]
     assert not list(folder.glob("*.py"))  # no custom code
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama"
     hf = AutoModelForCausalLM.from_pretrained(folder)
     assert type(hf) is LlamaForCausalLM
     ours, _ = load_model(ckpt)
     assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in ours.parameters())
+    tied = ours.cfg.tie_embeddings  # gqa: 8 query heads over 4 KV heads, the LM head stored once
+    assert (config["num_key_value_heads"], config["tie_word_embeddings"]) == (ours.cfg.kv_heads, tied)
+    assert ("lm_head.weight" in _stored_names(folder)) is not tied
     ids = _ids(2, TRAINED)  # the whole trained length: RoPE conventions would diverge with position
     with torch.no_grad():
         diff = (hf(ids).logits - ours(ids)).abs().max().item()
@@ -78,13 +97,33 @@ def test_swapped_rope_halves_would_be_caught(exported):
         assert (hf(ids).logits - ref).abs().max().item() > 1e-3
 
 
-def test_anchormass_loads_with_remote_code_and_matches(exported):
+def test_another_kv_head_sharing_would_be_caught(exported):
+    """The GQA logit check can fail: had query head h read KV head h % n_kv_heads (tiling instead of
+    Llama's h // (n_heads / n_kv_heads)), the export would need its query heads reordered."""
     from transformers import AutoModelForCausalLM
 
-    ckpt, folder = exported["anchormass_tiny"]
+    ckpt, folder = exported["standard_tiny_gqa"]
+    hf, (ours, _) = AutoModelForCausalLM.from_pretrained(folder), load_model(ckpt)
+    ids = _ids(1, 64)
+    tiled = torch.arange(8).view(2, 4).t().reshape(-1)  # group of KV head j = query heads j and j + 4
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            q, o = layer.self_attn.q_proj, layer.self_attn.o_proj
+            q.weight.copy_(q.weight.view(8, 16, -1)[tiled].reshape_as(q.weight))
+            o.weight.copy_(o.weight.view(-1, 8, 16)[:, tiled].reshape_as(o.weight))
+        assert (hf(ids).logits - ours(ids)).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["anchormass_tiny", "anchormass_tiny_gqa"])
+def test_anchormass_loads_with_remote_code_and_matches(exported, name):
+    from transformers import AutoModelForCausalLM
+
+    ckpt, folder = exported[name]
     hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     ours, _ = load_model(ckpt)
     assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in ours.parameters())
+    assert (hf.model.lm_head.weight is hf.model.embed.weight) is ours.cfg.tie_embeddings
+    assert ("model.lm_head.weight" in _stored_names(folder)) is not ours.cfg.tie_embeddings
     ids = _ids(2, TRAINED)
     with torch.no_grad():
         assert (hf(ids).logits - ours(ids)).abs().max().item() <= 1e-4
@@ -160,6 +199,23 @@ def test_exports_hold_their_weights_as_safetensors_only(exported, tmp_path):
     torch.save({}, pickled / "pytorch_model.bin")  # what save_pretrained(safe_serialization=False) writes
     with pytest.raises(CheckpointError, match=r"safetensors only, found \['pytorch_model.bin'\]"):
         check_safetensors_only(pickled)
+
+
+def test_export_removes_only_a_staging_folder_of_its_own(exported, tmp_path):
+    """A `.<out>.partial` left by a killed export goes; one that is not ours is refused, untouched."""
+    ckpt, _ = exported["standard_tiny"]
+    staging = tmp_path / ".a.partial"
+    staging.mkdir()
+    (staging / "draft.md").write_text("a user's\n")
+    with pytest.raises(ConfigError, match=r"\.a\.partial is in the way of out=.* not a staging folder of ours"):
+        export_checkpoint(ckpt, tmp_path / "a")
+    assert (staging / "draft.md").is_file()
+    (staging / "draft.md").unlink()
+    (staging / STAGING_MARK).write_bytes(b"")
+    (staging / "config.json").write_text("{half")
+    export_checkpoint(ckpt, tmp_path / "a")
+    assert not staging.exists() and STAGING_MARK not in {p.name for p in (tmp_path / "a").iterdir()}
+    assert json.loads((tmp_path / "a" / "config.json").read_text())
 
 
 def test_export_refuses_bad_input(exported, tmp_path):

@@ -19,6 +19,7 @@ LAYERS = {
     "utils": 1,                              # shared helpers; their errors are AnchorMassErrors
     "config_checks": 2, "logging_setup": 2,  # typed checks, console set-up
     "dir_lock": 2,                           # one writer per run directory
+    "own_files": 2,                          # what the project may delete: the files it recorded writing
     "config_compose": 2,                     # config files composed as Hydra does, outside Hydra
     "path_checks": 2,                        # names read from files stay inside the runs / data roots
     "parent_death": 2,                       # child processes that end with their parent

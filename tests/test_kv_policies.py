@@ -234,11 +234,14 @@ def test_budget_covering_the_sequence_is_exactly_the_full_cache(name):
 
 
 # ----------------------------------------------------------------------------- through the model
-def test_policies_through_the_standard_tiny_model():
+@pytest.mark.parametrize("spec", ["standard_tiny", "gqa"])
+def test_policies_through_the_standard_tiny_model(spec):
+    from _gqa_helpers import gqa_config
+
     from anchormass.models import build_model
 
     torch.manual_seed(0)
-    model = build_model("standard_tiny").eval()
+    model = build_model(gqa_config("standard") if spec == "gqa" else spec).eval()  # gqa: 4 KV heads of 8
     ids = torch.randint(0, model.cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
 
     def session(policy, budget):
@@ -262,3 +265,5 @@ def test_policies_through_the_standard_tiny_model():
         kept = 16 + (16 if name == "snapkv" else 0)  # SnapKV compresses the prompt once, then appends
         assert cache.stats()["slots"] == [[kept, kept]] * model.cfg.n_layers
         assert cache.stats()["mass"] == [[kept, kept]] * model.cfg.n_layers
+        cfg = model.cfg  # K and V of the kept tokens per KV head, fp32, 2 sequences
+        assert cache.stored_nbytes == cfg.n_layers * 2 * 2 * cfg.kv_heads * kept * cfg.head_dim * 4

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from anchormass.data.testing import tiny_pretrain
 from anchormass.dir_lock import DirLock, FolderBusy
 from anchormass.errors import ConfigError
+from anchormass.own_files import STAGING_MARK
 from anchormass.training.run import train
 from anchormass.training.run_dir import LOCK_FILE
 
@@ -175,12 +176,16 @@ def test_resumed_run_continues_the_same_wandb_run(data, tmp_path):
 
 
 def test_prepare_removes_staging_folders_left_by_a_killed_prepare(tmp_path):
-    for leftover in (".tiny.staging-k3j2x9", ".tiny.old-4242"):
+    for leftover, proof in ((".tiny.staging-k3j2x9", STAGING_MARK), (".tiny.old-4242", "meta.json"),
+                            (".tiny.staging-user", None)):   # the last proves nothing: not removed
         (tmp_path / leftover).mkdir()
         (tmp_path / leftover / "train.bin").write_bytes(b"partial")
+        if proof:
+            (tmp_path / leftover / proof).write_bytes(b"")
+    (tmp_path / ".tiny.staging-empty").mkdir()  # killed before its mark: empty, removed
     (tmp_path / ".other.staging-abc").mkdir()  # another dataset's: not ours to remove
     tiny_pretrain(tmp_path / "tiny")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.staging-abc", "tiny"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.staging-abc", ".tiny.staging-user", "tiny"]
 
 
 def test_prepare_refuses_while_another_prepare_of_the_same_folder_runs(tmp_path):

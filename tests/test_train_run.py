@@ -14,6 +14,7 @@ from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.checkpoint import load_model, read_checkpoint
+from anchormass.training.checkpoint_tokenizer import from_carried
 from anchormass.training.run import check_same_architecture, train
 
 from _train_helpers import FAST, compose_train, stage_data
@@ -85,7 +86,7 @@ def test_each_stage_trains_both_models(stage, data, tmp_path):
         assert hp["trained_lengths"] == [length] and hp["model_config"]["original_max_len"] == length
         assert hp["tokenizer_path"].endswith("tokenizer.model") and hp["data_fingerprint"]
         # the checkpoint carries the tokenizer itself, and its path is absolute (checkpoint_tokenizer.py)
-        assert Path(hp["tokenizer_path"]).is_absolute() and hp["tokenizer_files"]["files"]["tokenizer.model"] == \
+        assert Path(hp["tokenizer_path"]).is_absolute() and from_carried(hp["tokenizer_files"]).model_bytes == \
             Path(hp["tokenizer_path"]).read_bytes()
         assert hp["tokenizer_checksum"] == json.loads((stage_data(stage, data) / "meta.json").read_text())[
             "tokenizer_checksum"]
@@ -141,6 +142,14 @@ def test_init_across_arch_starts_anchormass_from_standard_weights(data, tmp_path
     saved = dict(read_checkpoint(ckpt)["hyper_parameters"]["model_config"], d_model=64)
     with pytest.raises(CheckpointError, match="d_model: 64 in checkpoint vs 128"):
         check_same_architecture(saved, load_model_config("anchormass_tiny"), "x.ckpt", across_arch=True)
+
+
+def test_resume_checks_the_new_fields_and_accepts_checkpoints_older_than_them():
+    cfg = load_model_config("anchormass_tiny")
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("n_kv_heads", "tie_embeddings")}
+    check_same_architecture(old, cfg, "old.ckpt")  # no error: the same model
+    with pytest.raises(CheckpointError, match="n_kv_heads: None in checkpoint vs 2.*tie_embeddings"):
+        check_same_architecture(old, cfg.replace(n_kv_heads=2, tie_embeddings=True), "old.ckpt")
 
 
 def test_init_from_with_another_tokenizer_is_refused(tmp_path):

@@ -30,7 +30,9 @@ BOUND = {torch.float32: 1e-4, torch.bfloat16: 4 * 2.0**-8}
 
 
 def _kernels(cfg: ModelConfig, arch: str, compiled: bool):
-    """(flex, block_sdpa) as functions q, k, v -> out for one model's attention (all heads)."""
+    """(flex, block_sdpa) as functions q, k, v -> out for one model's attention (all heads; k, v
+    over the KV heads, shared by query groups under grouped-query attention)."""
+    gqa = cfg.q_per_kv > 1
     if arch == "standard":
         def causal(b, h, q_idx, kv_idx):
             return kv_idx <= q_idx
@@ -38,9 +40,9 @@ def _kernels(cfg: ModelConfig, arch: str, compiled: bool):
         def flex_fn(q, k, v):
             t = q.shape[2]
             mask = create_block_mask(causal, None, None, t, t, device=str(q.device), _compile=compiled)
-            return (flex.compiled_flex if compiled else flex_attention)(q, k, v, block_mask=mask)
+            return (flex.compiled_flex if compiled else flex_attention)(q, k, v, block_mask=mask, enable_gqa=gqa)
 
-        return flex_fn, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return flex_fn, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     attn = AnchorMassAttention(cfg.replace(attn_impl="block_sdpa"), layer_idx=0)
     flex_attn = AnchorMassAttention(cfg.replace(attn_impl="flex"), layer_idx=0)
     if not compiled:
@@ -53,8 +55,8 @@ def flex_vs_sdpa(cfg: ModelConfig, arch: str, t: int, dtype: torch.dtype, device
     """Max |flex - block_sdpa| of the output and (grads=True) of dq, dk, dv, each also relative to
     the largest |block_sdpa| entry. Inputs are N(0, 1); the upstream gradient is N(0, 1)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    shape = (batch, cfg.n_heads, t, cfg.head_dim)
-    base = [torch.randn(shape, generator=g).to(device, dtype) for _ in range(3)]
+    shape, kv_shape = (batch, cfg.n_heads, t, cfg.head_dim), (batch, cfg.kv_heads, t, cfg.head_dim)
+    base = [torch.randn(s, generator=g).to(device, dtype) for s in (shape, kv_shape, kv_shape)]
     up = torch.randn(shape, generator=g).to(device, dtype)
     results = []
     for fn in _kernels(cfg, arch, compiled):

@@ -1,7 +1,9 @@
 """AnchorMass inference cache (docs/method.md §2.5): per layer a local ring, sinks, global slots with masses,
 a raw tail.
 
-Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D):
+Per layer and batch of B sequences (Hl local heads, Hg global heads, head dim D; all KV heads:
+with grouped-query attention Hl = n_local_heads / q_per_kv and Hg likewise, which is its memory
+saving, and each stored KV head serves its group of query heads when they attend):
   local ring  local_k/v [B, Hl, W, D]   the last W = cfg.window positions (ring slot = pos % W)
   global      glob_k/v  [B, Hg, S + C + cap, D], one buffer in three regions:
                 [0, S)        sinks: the first S positions, raw forever
@@ -41,7 +43,7 @@ from anchormass.cache.chunk_masks import chunk_bias, global_position_masks, loca
 from anchormass.cache.slot_policies import SlotPolicy
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
-from anchormass.models.kernels.block_sdpa import sdpa_fp32_bias
+from anchormass.models.kernels.block_sdpa import is_gqa, sdpa_fp32_bias
 from anchormass.models.kernels.layout import offset_in_block, slot_log_mass
 
 # Queries per internal piece: bounds the [T, keys] masks of one very long chunk. Splitting a
@@ -100,7 +102,7 @@ class AnchorMassLayerCache(LayerCache):
         cfg, b = self.cfg, self.batch_size
         dev = self.device if self.device is not None else like.device
         dt = self.dtype if self.dtype is not None else like.dtype
-        hl, hg, d = cfg.n_local_heads, cfg.n_global_heads, cfg.head_dim
+        hl, hg, d = cfg.n_local_kv_heads, cfg.n_global_kv_heads, cfg.head_dim
         # Invariant kept by _ensure_capacity: cap < budget or cap >= full_capacity.
         cap = self.headroom if self.headroom < self.budget else self.full_capacity
         self.local_k = torch.zeros(b, hl, cfg.window, d, device=dev, dtype=dt)
@@ -162,7 +164,7 @@ class AnchorMassLayerCache(LayerCache):
 
     # ------------------------------------------------------------------ attention
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v [B, H, T, D] post-RoPE at positions n_seen + arange(T) -> [B, H, T, D]."""
+        """q [B, H, T, D], k, v [B, H_kv, T, D] post-RoPE at positions n_seen + arange(T) -> [B, H, T, D]."""
         if self.mass is None:
             self._allocate(k)
         outs = []
@@ -172,18 +174,18 @@ class AnchorMassLayerCache(LayerCache):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _attend_piece(self, q, k, v):
-        nl, t = self.cfg.n_local_heads, q.shape[2]
+        nl, nkl, t = self.cfg.n_local_heads, self.cfg.n_local_kv_heads, q.shape[2]
         out = torch.empty_like(q)
         if t == 1:  # decode: write first, then attend to buffer slices
             self._drop_stage()  # prefill scratch must not outlive the prefill, end_prefill() or not
             if nl:
-                out[:, :nl] = self._decode_local(q[:, :nl], k[:, :nl], v[:, :nl])
-            out[:, nl:] = self._decode_global(q[:, nl:], k[:, nl:], v[:, nl:])
+                out[:, :nl] = self._decode_local(q[:, :nl], k[:, :nkl], v[:, :nkl])
+            out[:, nl:] = self._decode_global(q[:, nl:], k[:, nkl:], v[:, nkl:])
         else:
             pos = torch.arange(self.n_seen, self.n_seen + t, device=q.device)  # [T] absolute positions
             if nl:
-                out[:, :nl] = self._chunk_local(q[:, :nl], k[:, :nl], v[:, :nl], pos)
-            out[:, nl:] = self._chunk_global(q[:, nl:], k[:, nl:], v[:, nl:], pos)
+                out[:, :nl] = self._chunk_local(q[:, :nl], k[:, :nkl], v[:, :nkl], pos)
+            out[:, nl:] = self._chunk_global(q[:, nl:], k[:, nkl:], v[:, nkl:], pos)
         self.n_seen += t
         return out
 
@@ -194,7 +196,8 @@ class AnchorMassLayerCache(LayerCache):
         self.local_v[:, :, p0 % w] = v[:, :, 0].to(self.local_v.dtype)
         # After the write the ring holds exactly positions p0 - W + 1 .. p0 (those >= 0).
         mask = None if p0 + 1 >= w else (ring_positions(p0 + 1, w, q.device) >= 0)[None]  # [1, W]
-        return F.scaled_dot_product_attention(q, self.local_k.to(q.dtype), self.local_v.to(q.dtype), attn_mask=mask)
+        return F.scaled_dot_product_attention(q, self.local_k.to(q.dtype), self.local_v.to(q.dtype), attn_mask=mask,
+                                              enable_gqa=is_gqa(q, k))
 
     def _chunk_local(self, q, k, v, pos):
         w, p0 = self.cfg.window, self.n_seen
@@ -205,7 +208,7 @@ class AnchorMassLayerCache(LayerCache):
             self.scratch.put(key, visible)
         keys = torch.cat([self.local_k.to(k.dtype), k], dim=2)  # [B, Hl, W + T, D]
         vals = torch.cat([self.local_v.to(v.dtype), v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=visible)
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=visible, enable_gqa=is_gqa(q, k))
         m = min(q.shape[2], w)  # the last m tokens of the piece enter the ring
         ring_idx = torch.remainder(pos[-m:], w)
         self.local_k[:, :, ring_idx] = k[:, :, -m:].to(self.local_k.dtype)
@@ -364,14 +367,20 @@ class AnchorMassLayerCache(LayerCache):
 
     def stored_nbytes(self) -> int:
         """The filled local-ring rows; over the global heads the present sinks and tail tokens
-        and the stored slots, each slot with its fp32 mass; summed over the sequences."""
+        and the stored slots, each slot with its fp32 mass; summed over the sequences. Heads are
+        KV heads (what the buffers hold)."""
         if self.mass is None:
             return 0
         cfg, el = self.cfg, self.glob_k.element_size()
-        local = 2 * self.batch_size * cfg.n_local_heads * min(self.n_seen, cfg.window) * cfg.head_dim * el
+        local = 2 * self.batch_size * cfg.n_local_kv_heads * min(self.n_seen, cfg.window) * cfg.head_dim * el
         raw = int((self.mass[:, :self.slot0] > 0).sum())  # sinks + tail (mass 1 while present)
         slots = int(self.counts.sum())
-        return local + (raw + slots) * 2 * cfg.n_global_heads * cfg.head_dim * el + slots * self.mass.element_size()
+        return local + (raw + slots) * 2 * cfg.n_global_kv_heads * cfg.head_dim * el + slots * self.mass.element_size()
+
+    def slot_tokens(self) -> float:
+        """Tokens the stored slots stand for (their masses), summed over the sequences: divided by
+        the slots stored, a cell's real merge ratio (an 8-token group with an outlier is 2 slots)."""
+        return 0.0 if self.mass is None else float(self.mass[:, self.slot0:].double().sum())
 
     def stats(self) -> dict[str, list]:
         """Per sequence: 'slots' stored, 'mass' represented (sinks + slots + tail)."""

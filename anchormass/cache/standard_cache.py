@@ -1,14 +1,16 @@
 """The Standard model's inference cache: dense per-layer K/V, optionally under a KV policy.
 
-Per layer the cache holds K and V as preallocated [B, H, capacity, D] buffers (post-RoPE keys);
+Per layer the cache holds K and V as preallocated [B, H_kv, capacity, D] buffers (post-RoPE keys;
+H_kv = cfg.kv_heads: with grouped-query attention one K/V per group of query heads, the memory
+it saves, and attention shares it with the group's query heads);
 a chunk is written in place, so decoding never re-copies the whole cache per token. Capacity:
   prefill   grows by doubling (few copies); `end_prefill` then trims it to length + reserve
   decode    grows by max(decode_reserve, capacity // 8) tokens, so idle capacity stays within
             max(decode_reserve, length / 8) tokens: `nbytes` (measured, used to match budgets
             in the equal-KV-bytes comparison) tracks what is stored to ~12.5%, and a growth
             copies the cache once per ~length / 8 decoded tokens (amortized O(1) per token)
-Every head of every sequence holds the same number of tokens (`length`);
-policies (docs/method.md §3, `kv_policies/`) choose *which* tokens per head and sequence.
+Every KV head of every sequence holds the same number of tokens (`length`);
+policies (docs/method.md §3, `kv_policies/`) choose *which* tokens per KV head and sequence.
 
 Attention is always computed by SDPA over the stored keys, whatever the policy: policies that
 need attention scores (H2O, the hit-rate probe) compute them separately in fp32. So while a
@@ -33,19 +35,19 @@ POSITION_AUX = "position"  # per-slot original position (int32), kept when a pol
 
 
 class StandardLayerCache(LayerCache):
-    def __init__(self, n_heads: int, head_dim: int, batch_size: int, policy: KVPolicy | None = None,
+    def __init__(self, n_kv_heads: int, head_dim: int, batch_size: int, policy: KVPolicy | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  decode_reserve: int = 64):
-        self.n_heads, self.head_dim, self.batch_size = n_heads, head_dim, batch_size
+        self.n_kv_heads, self.head_dim, self.batch_size = n_kv_heads, head_dim, batch_size
         self.policy = policy
         self.device, self.dtype = device, dtype
         self.decode_reserve = decode_reserve
-        self.k: torch.Tensor | None = None  # [B, H, cap, D]
-        self.v: torch.Tensor | None = None  # [B, H, cap, D]
-        self.length = 0  # tokens stored per head
+        self.k: torch.Tensor | None = None  # [B, H_kv, cap, D]
+        self.v: torch.Tensor | None = None  # [B, H_kv, cap, D]
+        self.length = 0  # tokens stored per KV head
         self.seen = 0  # tokens attended so far (= absolute position of the next token)
         self.prefilling = True
-        # Per-slot side tensors [B, H, cap] grown, appended and gathered together with k/v.
+        # Per-slot side tensors [B, H_kv, cap] grown, appended and gathered together with k/v.
         self.aux: dict[str, torch.Tensor] = {}
         # Policy scratch that is not per slot (e.g. SnapKV's observation queries).
         self.state: dict[str, torch.Tensor] = {}
@@ -65,7 +67,7 @@ class StandardLayerCache(LayerCache):
             self.aux[name] = torch.zeros(self.k.shape[:3], dtype=dtype, device=self.k.device)
 
     def _reallocate(self, capacity: int) -> None:
-        shape = (self.batch_size, self.n_heads, capacity, self.head_dim)
+        shape = (self.batch_size, self.n_kv_heads, capacity, self.head_dim)
         k = torch.empty(shape, dtype=self.dtype, device=self.device)
         v = torch.empty(shape, dtype=self.dtype, device=self.device)
         aux = {name: torch.zeros(shape[:3], dtype=dt, device=self.device) for name, dt in self._aux_dtypes.items()}
@@ -88,7 +90,7 @@ class StandardLayerCache(LayerCache):
         self._reallocate(capacity)
 
     def keep(self, idx: torch.Tensor) -> None:
-        """Keep only the stored slots `idx` ([B, H, n], ascending, per head and sequence)."""
+        """Keep only the stored slots `idx` ([B, H_kv, n], ascending, per KV head and sequence)."""
         b, h, n = idx.shape
         cap = self.capacity
         # Row indices into the flattened [B*H*cap] slot axis: index_select copies whole D-rows,
@@ -109,21 +111,22 @@ class StandardLayerCache(LayerCache):
             self._reallocate(self.length + reserve)
 
     def keys(self) -> torch.Tensor:
-        return self.k[:, :, : self.length]  # [B, H, L, D]
+        return self.k[:, :, : self.length]  # [B, H_kv, L, D]
 
     def values(self) -> torch.Tensor:
-        return self.v[:, :, : self.length]  # [B, H, L, D]
+        return self.v[:, :, : self.length]  # [B, H_kv, L, D]
 
     def positions(self) -> torch.Tensor:
-        """Original positions of the stored slots, [B, H, L] (only when a policy is active)."""
+        """Original positions of the stored slots, [B, H_kv, L] (only when a policy is active)."""
         return self.aux[POSITION_AUX][:, :, : self.length]
 
     # ------------------------------------------------------------------ seam
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, H, T, D], k, v [B, H_kv, T, D] -> [B, H, T, D]."""
         b, h, t, d = k.shape
-        if (b, h, d) != (self.batch_size, self.n_heads, self.head_dim):
-            raise ConfigError(f"standard cache holds [B={self.batch_size}, H={self.n_heads}, D={self.head_dim}], "
-                              f"got k of shape {tuple(k.shape)}")
+        if (b, h, d) != (self.batch_size, self.n_kv_heads, self.head_dim) or q.shape[1] % h:
+            raise ConfigError(f"standard cache holds [B={self.batch_size}, H_kv={self.n_kv_heads}, D={self.head_dim}], "
+                              f"got k of shape {tuple(k.shape)} for q of shape {tuple(q.shape)}")
         if self.dtype is None:
             self.dtype = k.dtype
         if self.device is None:
@@ -142,15 +145,16 @@ class StandardLayerCache(LayerCache):
         keys, vals = self.keys(), self.values()
         if keys.dtype != q.dtype:
             keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+        gqa = q.shape[1] != h  # each KV head serves its group of query heads
         if t == 1:
-            out = F.scaled_dot_product_attention(q, keys, vals)  # one query sees everything stored
+            out = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=gqa)  # one query sees everything stored
         elif start == 0:
-            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True)
+            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True, enable_gqa=gqa)
         else:
             # Stored slots are all earlier than the chunk: visible; the chunk itself is causal.
             cols = torch.arange(start + t, device=q.device).unsqueeze(0)
             rows = torch.arange(t, device=q.device).unsqueeze(1) + start
-            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=cols <= rows)  # [B, H, T, D]
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=cols <= rows, enable_gqa=gqa)  # [B, H, T, D]
 
         if self.policy is not None:
             self.policy.on_attend(self, q)
@@ -178,10 +182,10 @@ class StandardLayerCache(LayerCache):
         yield from self.state.values()
 
     def stored_nbytes(self) -> int:
-        """K and V of the `length` tokens kept per head and sequence."""
+        """K and V of the `length` tokens kept per KV head and sequence."""
         if self.k is None:
             return 0
-        return 2 * self.batch_size * self.n_heads * self.length * self.head_dim * self.k.element_size()
+        return 2 * self.batch_size * self.n_kv_heads * self.length * self.head_dim * self.k.element_size()
 
     def stats(self) -> dict[str, list[int]]:
         """Per sequence (every sequence keeps the same number of tokens): 'slots', 'mass'."""
@@ -192,7 +196,7 @@ class StandardCache(KVCache):
     """`make_cache` builds this for `cfg.arch == "standard"`.
 
     policy: None (full cache), a name in `kv_policies.POLICIES` or a `KVPolicy` instance;
-    budget: tokens kept per head (required with a policy). Positions stay the original ones
+    budget: tokens kept per KV head (required with a policy). Positions stay the original ones
     (keys are stored post-RoPE), for every policy.
     """
 
@@ -203,6 +207,6 @@ class StandardCache(KVCache):
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         bound = get_policy(policy, budget)
         self.policy = bound
-        layers = [StandardLayerCache(cfg.n_heads, cfg.head_dim, batch_size, bound, device, dtype, decode_reserve)
+        layers = [StandardLayerCache(cfg.kv_heads, cfg.head_dim, batch_size, bound, device, dtype, decode_reserve)
                   for _ in range(cfg.n_layers)]
         super().__init__(layers, batch_size)

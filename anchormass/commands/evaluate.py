@@ -21,6 +21,25 @@ def evaluate(cfg: DictConfig) -> None:
 
     out = run_evaluation(cfg)
     print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
+    check_scores_finite(out / "results.json")
+
+
+def check_scores_finite(results_path) -> None:
+    """Scores that are not finite numbers are said out loud: a warning for one model; for a
+    comparison, whose result they void, an error line and exit 1 (the files stay, to look at)."""
+    import json
+
+    from anchormass.eval.report import non_finite_scores
+
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    bad = non_finite_scores(results)
+    if not bad:
+        return
+    if len(results.get("models") or []) > 1:
+        print(f"error: the comparison has scores that are not finite numbers ({'; '.join(bad)}); its "
+              f"differences and tests mean nothing: {results_path}", file=sys.stderr)
+        sys.exit(1)
+    print(f"warning: scores that are not finite numbers ({'; '.join(bad)}): {results_path}", file=sys.stderr)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_ROOT), config_name="evaluate")

@@ -35,8 +35,23 @@ def run(cfg: DictConfig) -> None:
 
     check_data_config(cfg)
     out, meta = prepare(OmegaConf.to_container(cfg.data, resolve=True))
-    print(json.dumps({"out_dir": str(out), "vocab_size": meta["vocab_size"], "splits": meta["splits"],
-                      "seconds": meta["seconds"]}, indent=1))
+    print(json.dumps(summary(out, meta), indent=1))
+
+
+def summary(out, meta: dict) -> dict:
+    """What the command prints: a dataset's vocabulary and splits, or for one shard of K (not a
+    dataset: its vocabulary is under `dataset`, and it has no splits until merge_data.py draws them)
+    which shard it is and the merge that follows."""
+    from anchormass.data.shards import SHARD_KIND
+
+    if meta.get("kind") != SHARD_KIND:
+        return {"out_dir": str(out), "vocab_size": meta["vocab_size"], "splits": meta["splits"],
+                "seconds": meta["seconds"]}
+    shard = meta["shard"]
+    pattern = out.with_name(out.name.replace(f"shard-{shard['index']}-of", "shard-*-of"))
+    return {"out_dir": str(out), "shard": f"{shard['index']} of {shard['count']}",
+            "vocab_size": meta["dataset"]["vocab_size"], "seconds": meta["seconds"],
+            "next": f"python scripts/merge_data.py shards='{pattern}' once every shard is written"}
 
 
 def check_data_config(cfg: DictConfig) -> None:

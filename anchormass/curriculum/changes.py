@@ -1,9 +1,12 @@
 """A rerun against a changed recipe: never credit a stage to settings it was not trained with.
 
-Each stage records the train.py arguments it started with (execute.ARGS_FILE). Before anything runs,
-every stage that is finished or resumable is compared with what the recipe gives now; a stage
-whose settings differ (steps, lr, data, length, model fields, ...) is refused in one line naming the
-keys, unless the command says what to do (`changed=`):
+Each stage records what it started with (execute.ARGS_FILE): its composed train config and its
+data folder's fingerprint (stage_identity.py). Before anything runs, every stage that is finished
+or resumable is compared with what the recipe, the config files and the data give now; a stage
+whose settings differ (steps, lr, data, length, model fields, a preset file, a default of
+configs/train.yaml, a data folder prepared again, ...) is refused in one line naming the keys, unless
+the command says what to do (`changed=`). A stage whose record is missing, unreadable or older than
+these records is not known to be the same, and is treated as changed (never skipped):
 
 - `refuse` (default): one `error:` line, exit 2, nothing touched;
 - `retrain`: that stage and every stage that starts from it (in its chain or another model's) are
@@ -11,9 +14,13 @@ keys, unless the command says what to do (`changed=`):
 - `keep`: the old runs stand, and each is named in a `note:` line.
 
 Keys that only change what is shown or logged (console, logger, callbacks, the run folder) are not
-settings of the run, nor is the thread count: it changes how fast a stage runs and the order of
-floating-point sums, as another machine would, not what it trains. The plan itself varies it with
-`curriculum.parallel`, so a rerun on more or fewer cores must not be refused for it.
+settings of the run, nor is the thread count (training/run_settings.py): it changes how fast a
+stage runs and the order of floating-point sums, as another machine would, not what it trains. The
+plan itself varies it with `curriculum.parallel`, so a rerun on more or fewer cores must not be
+refused for it.
+
+The check runs twice: the configs before any data is prepared (a refusal comes before hours of
+preparation), the data folders' fingerprints once every folder the recipe reads is prepared.
 """
 
 from __future__ import annotations
@@ -23,50 +30,54 @@ import sys
 from pathlib import Path
 
 from anchormass.curriculum.execute import ARGS_FILE, StageRun
+from anchormass.curriculum.stage_identity import data_fingerprint, identify
 from anchormass.errors import ConfigError
+from anchormass.training.run_settings import setting_differences
 from anchormass.training.stage_console import shown
 
 POLICIES = ("refuse", "retrain", "keep")
-# argument keys that change no result of a stage (what is shown or logged, and the thread count)
-DISPLAY_KEYS = ("hydra.run.dir", "verbose", "hydra/job_logging", "trainer.enable_progress_bar", "logger",
-                "callbacks", "++callbacks.progress_file._target_", "torch_threads")
 
 
-def settings(args: list[str]) -> dict[str, str]:
-    """key -> value of a train.py argument list, without the keys that change nothing trained."""
-    out = {}
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if not key.lstrip("+~").startswith(DISPLAY_KEYS):
-            out[key] = value
-    return out
-
-
-def recorded(run: StageRun) -> list[str] | None:
-    path = run.out_dir / ARGS_FILE
-    if not path.is_file():
-        return None
+def recorded(run: StageRun) -> dict | None:
+    """The stage's record, None when it is missing or unreadable."""
     try:
-        args = json.loads(path.read_text(encoding="utf-8")).get("args")
-    except (OSError, ValueError, AttributeError):
+        record = json.loads((run.out_dir / ARGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    return [str(a) for a in args] if isinstance(args, list) else None
+    return record if isinstance(record, dict) else None
 
 
-def differences(old: list[str], new: list[str]) -> list[str]:
-    """`key: old -> new` for each setting that differs (absent on one side: `-`)."""
-    a, b = settings(old), settings(new)
-    return [f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+def config_differences(record: dict | None, run: StageRun) -> list[str]:
+    """How the stage's recorded config differs from the one composed now (or why it is not known)."""
+    if record is None:
+        return [f"its record {ARGS_FILE} is missing or unreadable, so what it was trained with is not known"]
+    if not isinstance(record.get("settings"), dict):
+        return [f"its {ARGS_FILE} records only its arguments (written before configs were recorded), so "
+                f"whether its preset or default files changed is not known"]
+    if run.settings is None:
+        return [run.unknown or "its config is not known now"]
+    return setting_differences(record["settings"], json.loads(json.dumps(run.settings)))
 
 
-def changed_runs(runs: list[StageRun]) -> list[tuple[StageRun, list[str]]]:
-    """Finished or resumable stages whose recorded arguments differ from the plan's."""
+def data_differences(record: dict | None, run: StageRun) -> list[str]:
+    """Whether the data folder the stage reads is the one it was trained on (its fingerprint)."""
+    if record is None or not isinstance(record.get("settings"), dict):
+        return []  # the config check named it already
+    before = (record.get("data") or {}).get("fingerprint") if isinstance(record.get("data"), dict) else None
+    now = data_fingerprint(run.data_dir)
+    if before is None or before != now:
+        return [f"data folder {shown(run.data_dir) if run.data_dir else '?'}: fingerprint "
+                f"{str(before)[:12] if before else 'not recorded'} -> {now[:12] if now else 'none readable'}"]
+    return []
+
+
+def changed_runs(runs: list[StageRun], check) -> list[tuple[StageRun, list[str]]]:
+    """Finished or resumable stages for which `check(record, run)` names differences."""
+    ran = [r for r in runs if r.shared_from is None and (r.is_done() or r.last_ckpt.is_file())]
+    identify(ran)
     out = []
-    for run in runs:
-        if run.shared_from is not None or not (run.is_done() or run.last_ckpt.is_file()):
-            continue
-        old = recorded(run)
-        diff = differences(old, run.args) if old is not None else []
+    for run in ran:
+        diff = check(recorded(run), run)
         if diff:
             out.append((run, diff))
     return out
@@ -92,22 +103,23 @@ def set_aside(folder: Path) -> Path:
     return target
 
 
-def check_changes(runs: list[StageRun], policy: str) -> None:
-    """Refuse, retrain or keep the stages a changed recipe no longer describes (see the module doc)."""
+def check_changes(runs: list[StageRun], policy: str, data: bool = False) -> None:
+    """Refuse, retrain or keep the stages a changed recipe no longer describes (see the module doc):
+    their configs, or with `data` their data folders (once those are prepared)."""
     if policy not in POLICIES:
         raise ConfigError(f"changed must be one of {', '.join(POLICIES)}, got {policy!r}")
-    changed = changed_runs(runs)
+    changed = changed_runs(runs, data_differences if data else config_differences)
     if not changed:
         return
     if policy == "refuse":
         run, diff = changed[0]
         more = f" (and {len(changed) - 1} more stage(s))" if len(changed) > 1 else ""
-        raise ConfigError(f"{shown(run.out_dir)} was trained with other settings than the recipe gives now "
+        raise ConfigError(f"{shown(run.out_dir)} does not match what the recipe gives now "
                           f"({'; '.join(diff)}){more}; rerun with changed=retrain to train it and the stages "
                           f"after it again (old folders kept aside), or changed=keep to keep the old runs")
     if policy == "keep":
         for run, diff in changed:
-            print(f"note: keeping {shown(run.out_dir)}, trained with other settings ({'; '.join(diff)})",
+            print(f"note: keeping {shown(run.out_dir)}, which does not match the recipe ({'; '.join(diff)})",
                   file=sys.stderr)
         return
     for run in downstream(runs, [r for r, _ in changed]):

@@ -22,19 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from anchormass.curriculum.stage_identity import data_fingerprint, identify
 from anchormass.dir_lock import DirLock
 from anchormass.training.logged_process import request_stop, run_logged, stop_requested
 from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
 from anchormass.training.progress import PROGRESS_FILE
 from anchormass.training.run import RESULT_FILE, finished_run
+from anchormass.training.run_dir import checkpoints_in
 from anchormass.training.stage_console import StageConsole, Task, shown
 from anchormass.utils import atomic_write_json
 
 LOG_FILE = "train.log"
-# The train.py arguments a stage was started with, written before it starts: a rerun compares them
-# with what the recipe gives now, so a changed recipe never inherits an old run's result.
+# What a stage was started with, written before its first start: its train.py arguments, the run it
+# starts from, its composed config and its data folder's fingerprint (stage_identity.py). A rerun
+# compares them with what the recipe gives now, so a changed recipe never inherits an old result.
 ARGS_FILE = "stage_args.json"
 LOCK_FILE_NAME = ".curriculum.lock"  # in runs/<curriculum>/, held while a runner works there
+# The runner's code for a stage killed by a signal it did not send (the OOM killer's SIGKILL): a
+# failure, resumable by a rerun, not the shell's 128+n (SystemExit(-9) exited 247).
+EXIT_KILLED = 1
 
 
 @dataclass
@@ -48,6 +54,9 @@ class StageRun:
     seed: int | None = None  # the training seed, when the curriculum lists seeds
     shared_from: "StageRun | None" = None  # a shared stage: the run (of the first model) that trains it
     after: "StageRun | None" = None  # the run of another model's chain whose checkpoint seeds this one
+    settings: dict | None = None  # its composed config, flat (stage_identity.identify)
+    unknown: str | None = None  # why there is none: the arguments do not compose
+    data_dir: Path | None = None  # the prepared data folder it reads
 
     @property
     def chain(self) -> tuple[int | None, str]:
@@ -83,11 +92,12 @@ def curriculum_lock(root: Path) -> Iterator[None]:
 
 
 def command(run: StageRun) -> list[str]:
-    """The train.py call for one run: resume its own checkpoint if one exists, else start
-    from the parent stage's weights."""
+    """The train.py call for one run: resume its own newest checkpoint if it has any (last.ckpt
+    or not: a stage killed between its first periodic checkpoint and its first last.ckpt has only
+    step-N.ckpt), else start from the parent stage's weights."""
     cmd = [sys.executable, "-m", "anchormass.commands.train", *run.args]
-    if run.last_ckpt.is_file():
-        cmd.append(f"ckpt_path={run.last_ckpt}")
+    if checkpoints_in(run.out_dir):
+        cmd.append("ckpt_path=last")
     elif run.init_from is not None:
         cmd.append(f"init_from={run.init_from}")
     return cmd
@@ -155,9 +165,8 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
     (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
     run.out_dir.mkdir(parents=True, exist_ok=True)
     if not (run.out_dir / ARGS_FILE).is_file():  # a resume keeps the record of the run's first start
-        atomic_write_json(run.out_dir / ARGS_FILE, {"args": run.args,
-                                                    "init_from": str(run.init_from) if run.init_from else None},
-                          indent=1)
+        identify([run])
+        atomic_write_json(run.out_dir / ARGS_FILE, stage_record(run), indent=1)
     console.post("started", task)
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
     t0 = time.perf_counter()
@@ -167,13 +176,20 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         return EXIT_INTERRUPTED
     if rc != 0:
         console.post("failed", task, message=failure_text(run, rc, time.perf_counter() - t0))
-        return rc
+        return rc if rc > 0 else EXIT_KILLED
     if not run.is_done():  # exit 0 without its total steps: its next stage must not start from it
         console.post("failed", task, message=f"exit 0, but {shown(run.out_dir / RESULT_FILE)} does not record "
                                              f"its total steps as completed; rerun the same command to resume")
         return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
     return 0
+
+
+def stage_record(run: StageRun) -> dict:
+    """stage_args.json: what the stage starts with (see ARGS_FILE)."""
+    return {"args": run.args, "init_from": str(run.init_from) if run.init_from else None,
+            "settings": run.settings,
+            "data": {"dir": str(run.data_dir) if run.data_dir else None, "fingerprint": data_fingerprint(run.data_dir)}}
 
 
 def last_error_line(log: Path) -> str | None:
@@ -188,10 +204,11 @@ def failure_text(run: StageRun, rc: int, seconds: float) -> str:
     """The stage's own error line first, then advice that works: a refusal (exit 2) stays a refusal
     on a rerun until what it names is fixed; a crash resumes from the stage's last checkpoint."""
     error = last_error_line(run.log_path)
-    head = f"{error} (exit {rc} after {seconds:.0f} s)" if error else f"exit {rc} after {seconds:.0f} s"
+    ended = f"killed by {signal_name(-rc)}" if rc < 0 else f"exit {rc}"
+    head = f"{error} ({ended} after {seconds:.0f} s)" if error else f"{ended} after {seconds:.0f} s"
     if rc == 2:
         return f"{head}; the stage refused to run: fix what it names, then rerun the same command"
-    where = "from its last checkpoint" if run.last_ckpt.is_file() else "from the start of the stage"
+    where = "from its last checkpoint" if checkpoints_in(run.out_dir) else "from the start of the stage"
     return f"{head}; rerun the same command to resume {where}"
 
 
@@ -267,7 +284,7 @@ def run_step(console: StageConsole, label: str, cmd: list[str], log: Path, finis
     if rc != 0 and stop_requested():  # it got the stop signal too: not a failure of its own
         raise TrainingInterrupted(f"{signal_name(stop_requested())} during {label}; rerun the same command to resume")
     if rc != 0:
-        console.failure(task, f"exit {rc}")
-        raise SystemExit(rc)
+        console.failure(task, f"killed by {signal_name(-rc)}" if rc < 0 else f"exit {rc}")
+        raise SystemExit(rc if rc > 0 else EXIT_KILLED)
     if console.verbose >= 1:
         console.print(f"{label}  {finished} in {time.perf_counter() - t0:.0f} s")

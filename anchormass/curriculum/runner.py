@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from anchormass.cli import check_override_path
 from anchormass.curriculum.changes import check_changes
 from anchormass.curriculum.closing import evaluate
 from anchormass.curriculum.execute import curriculum_lock, execute, run_step
@@ -64,12 +65,14 @@ def run_curriculum(cfg: DictConfig, task_overrides: list[str], hydra_overrides: 
         raise ConfigError(f"evaluate must be true or false, got {cfg.evaluate!r}")
     recipe = load_recipe(cfg.curriculum, with_evaluate=cfg.evaluate)
     root = resolve_path(cfg.runs_root) / recipe.name
+    check_override_path(root, "runs_root/<curriculum>")  # every stage gets its folder as hydra.run.dir=
     runs = stage_runs(recipe, plan(recipe, root.parent, stage_overrides(task_overrides, hydra_overrides)))
     # Stop signals go to the running stages, which save.
     with curriculum_lock(root), forward_stop_signals():
         check_changes(runs, str(cfg.get("changed", "refuse")))
         try:
             prepare_data(recipe, root / "logs", console)
+            check_changes(runs, str(cfg.get("changed", "refuse")), data=True)  # the folders the stages read
             summary = execute(runs, parallel=recipe.parallel, console=console)
             reports = evaluate(recipe, runs, root, console) if cfg.evaluate else []
         except TrainingInterrupted as stop:

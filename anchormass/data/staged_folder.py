@@ -16,6 +16,7 @@ from anchormass.data.dataset_dir import PreparedDataset
 from anchormass.data.shards import SHARD_KIND, ShardReader
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError
+from anchormass.own_files import STAGING_MARK, remove_staging
 from anchormass.utils import atomic_write_json, current_umask, writable_dir
 
 
@@ -32,15 +33,22 @@ def build_folder(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Pa
 
 def _remove_leftovers(out: Path) -> None:
     """Staging and replaced folders of this target: while we hold its lock no other prepare is
-    writing one, so any that exist were left by a prepare that was killed."""
-    for pattern in (f".{out.name}.staging-*", f".{out.name}.old-*"):
-        for path in out.parent.glob(pattern):
-            shutil.rmtree(path, ignore_errors=True)
+    writing one, so any that exist were left by a prepare that was killed. Each is removed only
+    when it proves itself ours (anchormass/own_files.py): a staging folder by its mark, a replaced
+    one by its mark or by being a prepared dataset (renamed aside, then killed before its removal)."""
+    for path in out.parent.glob(f".{out.name}.staging-*"):
+        remove_staging(path)
+    for path in out.parent.glob(f".{out.name}.old-*"):
+        if (path / "meta.json").is_file() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            remove_staging(path)
 
 
 def _build_locked(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
     _remove_leftovers(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    (staging / STAGING_MARK).write_bytes(b"")  # a kill before this leaves an empty folder
     t0 = time.perf_counter()
     try:
         meta = build(staging)
@@ -49,10 +57,11 @@ def _build_locked(out: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[P
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
-            os.replace(out, old)
+            os.replace(out, old)  # a prepared dataset or an empty folder (checked by build_folder)
+        (staging / STAGING_MARK).unlink()
         os.replace(staging, out)
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_staging(staging)
     meta["seconds"] = round(time.perf_counter() - t0, 2)  # reported, not written (files stay identical)
     return out, meta

@@ -111,11 +111,27 @@ def _read(path: Path) -> dict:
     return data
 
 
+def check_distinct(paths: list[Path]) -> None:
+    """Each input is its own file: one given twice (by the same name, a link or another path to it)
+    would count one seed's result as two, a spread of zero over "n = 2"."""
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            try:
+                same = path.samefile(earlier)
+            except OSError:  # a missing file: _read names it
+                same = False
+            if same:
+                also = "" if str(path) == str(earlier) else f" (as {earlier})"
+                raise ConfigError(f"aggregate: {path} is given twice{also}; each seed's results must be its "
+                                  f"own run's file")
+
+
 def write_aggregate(result_paths: list[Path], seeds: list[int], out_dir: Path, note: str | None = None) -> Path:
     """Aggregate the per-seed results.json files into out_dir/report.md and results.json.
     `note`: a line under the title (the curriculum says which run is which: two variants of one
     preset carry the same model name in the per-seed reports)."""
     paths = [Path(p) for p in result_paths]
+    check_distinct(paths)
     agg = aggregate([_read(p) for p in paths], list(seeds))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

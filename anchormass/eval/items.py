@@ -68,6 +68,12 @@ PHRASINGS: dict[str, dict[str, tuple[str, str, str]]] = {
         "memo": ("", "\nMemo: passkey = {key}.\n", "\nWhich passkey does the memo give? The passkey is"),
         "dialogue": ("", "\nA: Tell me the passkey.\nB: The passkey is {key}.\n",
                      "\nA: What was the passkey you told me?\nB: The passkey is"),
+        # The layout of the passkey test as long-context papers run it on pretrained models: an
+        # instruction first, and a question the model completes with the key itself.
+        "completion": ("There is an important piece of information hidden inside a lot of irrelevant text. "
+                       "Find it and memorize it. I will ask you about it. ",
+                       "The pass key is {key}. Remember it. {key} is the pass key. ",
+                       "What is the pass key? The pass key is"),
     },
 }
 FILLERS = ("classic_en", "classic_ja", "tokens")
@@ -100,7 +106,7 @@ class Haystack:
     """Builds exact-length prompts for trials. `filler`: classic_en | classic_ja | tokens."""
 
     def __init__(self, tokenizer, filler: str = "classic_ja", lang: str = "ja",
-                 tokens: np.ndarray | None = None, bos: bool = False):
+                 tokens: np.ndarray | None = None, bos: bool = False, chat: bool = False):
         if filler not in FILLERS:
             raise ConfigError(f"passkey filler must be one of {FILLERS}, got {filler!r}")
         if lang not in PHRASINGS:
@@ -111,6 +117,9 @@ class Haystack:
         self.filler = filler
         self.lang = lang
         self.bos = bos
+        # An instruction-tuned model is asked in its own chat template: the whole prompt is the user's
+        # turn and the answer starts the assistant's (a raw prompt gets an end-of-turn from it).
+        self._frame = chat_frame(tokenizer) if chat else ("", "")
         self._tokens = tokens
         self._unit = None
         if filler != "tokens":
@@ -121,8 +130,9 @@ class Haystack:
             raise ConfigError(f"unknown passkey phrasing {trial.phrasing!r}; "
                               f"choose from {sorted(PHRASINGS[self.lang])}")
         instr, needle, question = PHRASINGS[self.lang][trial.phrasing]
-        head = ([self.tok.bos_id] if self.bos else []) + (self.tok.encode(instr) if instr else [])
-        return head, self.tok.encode(needle.format(key=trial.key)), self.tok.encode(question)
+        before, after = (self.tok.encode(part) if part else [] for part in self._frame)
+        head = ([self.tok.bos_id] if self.bos else []) + before + (self.tok.encode(instr) if instr else [])
+        return head, self.tok.encode(needle.format(key=trial.key)), self.tok.encode(question) + after
 
     def fixed_tokens(self, trial: Trial) -> int:
         return sum(len(p) for p in self.pieces(trial))
@@ -168,6 +178,18 @@ class Haystack:
         return len(head) + at, len(head) + at + len(needle)
 
 
+def chat_frame(tokenizer) -> tuple[str, str]:
+    """The text of the tokenizer's chat template before and after one user message, with the
+    assistant's turn opened after it."""
+    mark = "\x00prompt\x00"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], add_generation_prompt=True)
+    except (NotImplementedError, DataError) as err:
+        raise ConfigError(f"passkey chat=true needs a tokenizer with a chat template: {err}") from None
+    before, _, after = text.partition(mark)
+    return before, after
+
+
 # Scoring an answer: NFKC, first digit run, exact / digits matched.
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -206,7 +228,7 @@ def build_haystack(suite: Suite, ctx: EvalContext) -> Haystack:
         tokens = open_tokens(Path(str(path)).expanduser(), tokenizer_checksum=getattr(ctx.tokenizer, "checksum", None))
         ctx.record_data(f"{suite.name}_filler", path)
     return Haystack(ctx.tokenizer, filler=suite.opt("filler", "classic_ja"), lang=suite.opt("lang", "ja"),
-                    tokens=tokens, bos=bool(suite.opt("bos", False)))
+                    tokens=tokens, bos=bool(suite.opt("bos", False)), chat=bool(suite.opt("chat", False)))
 
 
 def run_trials(ctx: EvalContext, m: EvalModel, hay: Haystack, trials: list[Trial], *, max_new_tokens: int,
@@ -258,7 +280,7 @@ def passkey_setup(owner: str, cfg: dict, ctx: EvalContext, lengths) -> tuple[Hay
     options.name = owner
     hay = build_haystack(options, ctx)
     trials = trial_grid(lengths, cfg.get("depths", DEFAULT_DEPTHS), cfg.get("seeds", [0, 1, 2]),
-                        jitter=bool(cfg.get("jitter", True)))
+                        cfg.get("phrasing", "plain"), jitter=bool(cfg.get("jitter", True)))
     for t in trials:
         ctx.check_length(owner, t.length)
         hay.build(t)

@@ -7,6 +7,7 @@ comparison scores identical token sequences.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,23 +80,41 @@ def load_one(ckpt: Any, preset: Any, role: str, device: torch.device, dtype: tor
 
 def load_models(cfg: dict, device: torch.device, dtype: torch.dtype) -> list[EvalModel]:
     seed = int(cfg.get("seed", 0))
+    from anchormass.training.checkpoint_shapes import check_claimed_shapes
     from anchormass.training.safe_load import safe_torch_load
 
     for key in ("ckpt", "compare_ckpt"):  # both opened safely (memory-mapped) before either model is built
         path = Path(str(cfg.get(key) or "")).expanduser()
         if cfg.get(key) and path.is_file():
-            safe_torch_load(path, mmap=True)
+            check_claimed_shapes(safe_torch_load(path, mmap=True), path)  # its config asks for what it holds
     a = load_one(cfg.get("ckpt"), cfg.get("model"), "model A", device, dtype, seed)
     if a is None:
         raise ConfigError("nothing to evaluate: pass ckpt=<path.ckpt> or model=<preset> (random init)")
     b = load_one(cfg.get("compare_ckpt"), cfg.get("compare_model"), "compare model", device, dtype, seed)
     models = [a] if b is None else [a, b]
+    check_finite_weights(models, ["model A", "compare model"])
     if b is not None and a.label == b.label:
         a.label, b.label = f"{a.label} (A)", f"{b.label} (B)"
     factor = (cfg.get("limits") or {}).get("max_extrapolation")
     for m in models:
         m.max_context = None if factor is None else int(factor * m.config.original_max_len)
     return models
+
+
+def check_finite_weights(models: list[EvalModel], roles: list[str]) -> None:
+    """A model with nan / inf weights scores nan everywhere: a comparison with it has no result
+    (scipy's Wilcoxon raised on its differences), so that is refused before any suite runs; one
+    model alone is evaluated, with a warning that says why its table will read nan."""
+    for m, role in zip(models, roles):
+        bad = sum(int((~torch.isfinite(p)).sum()) for p in m.model.parameters())
+        if not bad:
+            continue
+        total = sum(p.numel() for p in m.model.parameters())
+        what = f"{role} ({m.source}) has {bad:,} non-finite weights (nan / inf) of {total:,}"
+        if len(models) > 1:
+            raise CheckpointError(f"{what}: a comparison with it has no result; evaluate it alone to see its "
+                                  f"scores, or compare another checkpoint")
+        print(f"warning: {what}: every score it gets will be nan", file=sys.stderr)
 
 
 def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:

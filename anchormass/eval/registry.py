@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "recall_frontier": "anchormass.eval.suites.frontier:RecallFrontierSuite",
     "mqar": "anchormass.eval.suites.mqar:MqarSuite",
     "retrofit": "anchormass.eval.suites.retrofit:RetrofitSuite",
+    "kv_frontier": "anchormass.eval.suites.kv_frontier:KvFrontierSuite",
 }
 
 

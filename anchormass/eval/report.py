@@ -53,8 +53,11 @@ def wilcoxon_signed_rank(diffs: Sequence[float]) -> tuple[float, str]:
     assumes the ranks 1..n), so the p-value comes from the permutation distribution of the
     midrank statistic over all 2^n sign flips ("permutation", n <= MAX_PERMUTATION_N); beyond that
     scipy's normal approximation with tie correction ("normal"). All-zero or empty input has no
-    evidence either way: p = 1 ("none")."""
+    evidence either way: p = 1 ("none"). A non-finite difference (a model that scored nan) has no
+    rank: p = nan ("non-finite"), not scipy's ValueError."""
     d = np.asarray(diffs, dtype=np.float64)
+    if not np.isfinite(d).all():
+        return math.nan, "non-finite"
     d = d[d != 0]
     if d.size == 0:
         return 1.0, "none"
@@ -86,16 +89,30 @@ def sign_flip_p(d: np.ndarray) -> float:
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values, returned in the input order."""
+    """Holm step-down adjusted p-values, returned in the input order; a nan p (no test) stays nan
+    and does not count among the m tests."""
     p = np.asarray(pvalues, dtype=np.float64)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty(m)
+    adjusted = np.full(p.size, math.nan)
+    tested = np.flatnonzero(np.isfinite(p))
+    m = tested.size
+    order = tested[np.argsort(p[tested], kind="stable")]
     running = 0.0
     for rank, idx in enumerate(order):
         running = max(running, min(1.0, (m - rank) * p[idx]))
         adjusted[idx] = running
     return adjusted.tolist()
+
+
+def non_finite_scores(results: dict) -> list[str]:
+    """`<suite>: <key>=nan, ...` for each suite of a results.json whose summary holds a score that
+    is not a finite number (a model that diverged, or overflowed in 16 bits)."""
+    out = []
+    for name, res in (results.get("suites") or {}).items():
+        bad = [f"{k}={v}" for k, v in ((res or {}).get("summary") or {}).items()
+               if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            out.append(f"{name}: {', '.join(bad[:4])}" + (f" and {len(bad) - 4} more" if len(bad) > 4 else ""))
+    return out
 
 
 def paired_nll_by_length(nll_a: dict, nll_b: dict) -> dict:

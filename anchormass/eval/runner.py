@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import os
 import platform
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,18 @@ from anchormass.errors import ConfigError, DataError
 from anchormass.eval import registry
 from anchormass.eval.loading import load_models, load_tokenizer, resolve_device, resolve_dtype, tokenizer_path
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
+from anchormass.own_files import (
+    foreign,
+    is_removable_staging,
+    make_staging,
+    publish_staging,
+    recorded,
+    remove_own_folder,
+    remove_staging,
+)
 from anchormass.utils import atomic_write_json, atomic_write_text, code_version, git_state, sha256_file
+
+RESULTS = "results.json"  # what makes a folder an evaluation's output (named in its record)
 
 
 def to_plain(cfg: Any) -> dict:
@@ -48,7 +59,9 @@ def suite_list(cfg: dict) -> tuple[list[str], bool]:
 
 def _out_path(cfg: dict, names: list[str]) -> Path:
     if cfg.get("out_dir"):
-        return Path(str(cfg["out_dir"])).expanduser()
+        out = Path(str(cfg["out_dir"])).expanduser()
+        # `.` / `..` have no name of their own to put the staging folder and the lock beside
+        return Path(os.path.abspath(out)) if out.name in ("", "..") else out
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / "eval" / f"{stamp}-{'+'.join(names) if len(names) < 3 else 'all'}"
 
@@ -60,10 +73,26 @@ def claim_out_dir(out: Path) -> DirLock:
 
 
 def _check_out_dir(cfg: dict, out: Path) -> Path:
+    """Refuse, before anything loads, an out_dir the run could not publish to without deleting
+    what is not its own: `overwrite=true` replaces only an earlier evaluation's output, in full."""
+    if out.is_symlink():
+        raise ConfigError(f"out_dir {out} is a symbolic link; give the folder itself")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir {out} exists and is not a folder")
-    if out.exists() and any(out.iterdir()) and not cfg.get("overwrite", False):
-        raise ConfigError(f"out_dir {out} already exists and is not empty (pass overwrite=true)")
+    if out.exists() and any(out.iterdir()):
+        if not cfg.get("overwrite", False):
+            raise ConfigError(f"out_dir {out} already exists and is not empty (pass overwrite=true)")
+        if RESULTS not in recorded(out):
+            raise ConfigError(f"out_dir {out} is not the output of an evaluation (overwrite=true replaces only "
+                              f"those, and deletes nothing else; one from before such records: delete it "
+                              f"yourself); choose another out_dir")
+        others = foreign(out)
+        if others:
+            raise ConfigError(f"out_dir {out} holds files no evaluation wrote ({', '.join(others[:3])}"
+                              f"{', ...' if len(others) > 3 else ''}); move them, or choose another out_dir")
+    staging = _staging(out)
+    if staging.exists() and not is_removable_staging(staging):
+        raise ConfigError(f"{staging} is in the way of out_dir {out} and is not a staging folder of ours; move it")
     return out
 
 
@@ -178,19 +207,26 @@ def _metadata(cfg: dict, names: list[str], is_all: bool, ctx: EvalContext, tok_p
     }
 
 
+def _staging(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.partial"
+
+
 def _publish(out_dir: Path, write) -> None:
-    """Run `write(staging)` into `.<name>.partial` and rename it into place only when it succeeded."""
-    staging = out_dir.parent / f".{out_dir.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    """Run `write(staging)` into `.<name>.partial` and rename it into place only when it succeeded.
+    Deletes only its own staging folders and, with overwrite=true, an earlier evaluation's output as
+    its record names it (both checked by _check_out_dir; anchormass/own_files.py)."""
+    staging = _staging(out_dir)
+    if staging.exists() and not remove_staging(staging):
+        raise ConfigError(f"{staging} is not a staging folder of ours; move it")
+    make_staging(staging)
     try:
         write(staging)
+        publish_staging(staging)
         if out_dir.exists():
-            shutil.rmtree(out_dir)  # empty, or overwrite=true was given (checked by _out_dir)
+            remove_own_folder(out_dir)  # empty, or an earlier evaluation's output (overwrite=true)
         staging.rename(out_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_staging(staging)
         raise
 
 
@@ -205,6 +241,8 @@ def run_evaluation(cfg: Any, models: list[EvalModel] | None = None, tokenizer: A
     git = git_state()  # the code as it is loaded now, not as the tree is when a long run ends
     names, is_all = suite_list(cfg)
     out_dir = _out_path(cfg, names)
+    from anchormass.path_checks import check_not_link
+    check_not_link(out_dir, "out_dir")  # before any model loads: publishing cannot replace a link
     with claim_out_dir(out_dir):  # checked before models load: a refusal costs no loading time
         _check_out_dir(cfg, out_dir)
         return _evaluate(cfg, names, is_all, git, out_dir, models, tokenizer)
@@ -236,7 +274,7 @@ def _evaluate(cfg: dict, names: list[str], is_all: bool, git: Any, out_dir: Path
         results, sections = _run_suites(runnable, ctx, staging)
         results.update({name: {"skipped": reason} for name, reason in skipped.items()})
         meta = _metadata(cfg, names, is_all, ctx, tok_path, git)
-        atomic_write_json(staging / "results.json", {**meta, "suites": results})
+        atomic_write_json(staging / RESULTS, {**meta, "suites": results})
         atomic_write_text(staging / "report.md", _report(meta, sections, skipped))
 
     _publish(out_dir, write)

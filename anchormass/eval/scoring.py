@@ -108,16 +108,27 @@ class KVBytes:
     allocated_prefill: int
     stored_end: int = 0
     allocated_peak: int = 0
+    tokens_per_slot: float | None = None  # AnchorMass: tokens the global slots stand for per slot (None: no slots)
 
     @classmethod
     def after_prefill(cls, cache) -> "KVBytes":
         stored, allocated = cache.stored_nbytes, cache.nbytes
-        return cls(stored, allocated, stored, allocated)
+        return cls(stored, allocated, stored, allocated, tokens_per_slot(cache))
 
     def step(self, cache) -> None:
         """Call after each token (or chunk) fed after the prefill."""
         self.stored_end = cache.stored_nbytes
         self.allocated_peak = max(self.allocated_peak, cache.nbytes)
+        self.tokens_per_slot = tokens_per_slot(cache)
+
+
+def tokens_per_slot(cache) -> float | None:
+    """A session's real merge ratio: tokens represented by the stored global slots over the slots
+    (over layers and sequences). A cell's group size is not it: a group that keeps an outlier
+    stores two slots. None for caches without slots (Standard) or before any slot exists."""
+    layers = [layer for layer in cache.layers if hasattr(layer, "slot_tokens") and layer.counts is not None]
+    slots = sum(int(layer.counts.sum()) for layer in layers)
+    return sum(layer.slot_tokens() for layer in layers) / slots if slots else None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -11,22 +11,14 @@ holding a pickled weight file is never published (`check_safetensors_only`).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
-from anchormass.utils import give_usual_modes, writable_dir
+from anchormass.hf.new_folder import check_new_folder, staged_folder
 
 FORMATS = ("auto", "llama", "anchormass")
 # Weight files in pickle formats (transformers' pytorch_model.bin, torch .pt/.pth/.ckpt, raw pickles).
 PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
-
-
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"out {out} already exists and is not empty; choose a new folder")
 
 
 def check_safetensors_only(folder: Path) -> None:
@@ -38,7 +30,7 @@ def check_safetensors_only(folder: Path) -> None:
                               f"{pickled or 'no *.safetensors'}; nothing was published")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """No progress bars or advice from transformers while writing: the command prints one summary."""
     from transformers.utils import logging as hf_logging
 
@@ -50,8 +42,12 @@ def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
     from anchormass.data.tokenizer_loader import load_tokenizer
     from anchormass.training.checkpoint import check_tokenizer, load_model
+    from anchormass.training.checkpoint_shapes import check_claimed_shapes
     from anchormass.training.checkpoint_tokenizer import checkpoint_tokenizer
+    from anchormass.training.safe_load import safe_torch_load
 
+    if Path(ckpt).is_file():  # a missing file is load_model's one line
+        check_claimed_shapes(safe_torch_load(ckpt, mmap=True), ckpt)  # its config asks for what it holds
     model, hparams = load_model(ckpt)
     tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else checkpoint_tokenizer(hparams, ckpt)
     if tok_path is None:
@@ -74,19 +70,14 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
     if format not in FORMATS:
         raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
     out = Path(out).expanduser()
-    _check_out(out)
-    writable_dir(out.parent, f"out={out}: its folder")  # before the checkpoint is loaded
+    check_new_folder(out)  # before the checkpoint is loaded
     model, hparams, tok = load_source(ckpt, tokenizer)
     arch = model.cfg.arch
     if format == "llama" and arch != "standard":
         raise ConfigError(f"format=llama needs a Standard checkpoint; {ckpt} is {arch}")
     as_llama = format == "llama" or (format == "auto" and arch == "standard")
-    staging = out.parent / f".{out.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    _quiet_transformers()
-    try:
+    quiet_transformers()
+    with staged_folder(out) as staging:
         special = tok.special_ids()
         (export_llama if as_llama else export_anchormass)(model, staging, special)
         export_tokenizer(tok, staging)
@@ -94,11 +85,4 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, tokenizer: str | Path |
             "format": "llama" if as_llama else "anchormass", "tokenizer": str(Path(tok.path).resolve()),
             "tokenizer_sha256": tok.checksum, "trained_lengths": hparams.get("trained_lengths")})
         check_safetensors_only(staging)
-        give_usual_modes(staging)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out

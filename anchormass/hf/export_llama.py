@@ -1,7 +1,9 @@
 """Standard checkpoint -> a native `LlamaForCausalLM` folder (config.json + model.safetensors).
 
 Our Standard model is a Llama: pre-RMSNorm blocks, SwiGLU (w1 = gate, w3 = up, w2 = down),
-untied LM head, no biases, every head its own K/V. RoPE needs no permutation: we already use
+no biases; its LM head tied or not (`tie_embeddings` -> `tie_word_embeddings`) and its KV heads
+(`n_kv_heads` -> `num_key_value_heads`; query head h reads KV head h // (n_heads / n_kv_heads),
+which is Llama's `repeat_kv` order). RoPE needs no permutation: we already use
 the rotate-half layout (dimension i paired with i + D/2, frequency theta^(-2i/D)) that
 `transformers`' Llama applies, so q_proj / k_proj rows are copied as they are.
 
@@ -50,16 +52,27 @@ def llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) -> dict[str,
     return out
 
 
+def ours_from_llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM's state dict -> our names: `llama_state_dict` read backwards."""
+    to_ours = {llama: ours for ours, llama in _TOP_NAMES.items()}
+    to_ours.update({f"model.layers.{i}.{llama}": f"blocks.{i}.{ours}"
+                    for i in range(n_layers) for ours, llama in _BLOCK_NAMES.items()})
+    unknown = sorted(set(state) - set(to_ours))
+    if unknown:
+        raise KeyError(f"no counterpart in our model for Llama parameter(s) {unknown[:3]}")
+    return {to_ours[name]: tensor for name, tensor in state.items()}
+
+
 def llama_config(cfg, special_ids: dict[str, int]):
     """A `LlamaConfig` describing the same network as our ModelConfig `cfg` (arch standard)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.original_max_len,
         rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, initializer_range=cfg.init_std,
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
         bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"], pad_token_id=special_ids["pad"],
         torch_dtype="float32",
     )

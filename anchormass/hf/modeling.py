@@ -51,6 +51,7 @@ class AnchorMassHFConfig(PreTrainedConfig):
         # What generic code (harness, pipelines) reads; derived, so not stored separately.
         self.vocab_size, self.hidden_size = mc.vocab_size, mc.d_model
         self.num_hidden_layers, self.num_attention_heads = mc.n_layers, mc.n_heads
+        self.num_key_value_heads, self.tie_word_embeddings = mc.kv_heads, mc.tie_embeddings
         # No max_position_embeddings: beyond the trained length the session RoPE base stretches
         # (docs/method.md §1), there is no fixed limit to advertise.
         super().__post_init__(**kwargs)
@@ -59,6 +60,8 @@ class AnchorMassHFConfig(PreTrainedConfig):
 class AnchorMassForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = AnchorMassHFConfig
     base_model_prefix = "model"
+    # Applies when the config ties them (tie_embeddings): the folder then stores the matrix once.
+    _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
     _no_split_modules = ["Block"]
     supports_gradient_checkpointing = False
 

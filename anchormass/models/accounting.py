@@ -17,11 +17,18 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _attention_weights(cfg: ModelConfig) -> int:
+    """q and o over the query heads, k and v over the KV heads (grouped-query attention)."""
+    return 2 * cfg.d_model * cfg.head_dim * (cfg.n_heads + cfg.kv_heads)
+
+
 def param_count(cfg: ModelConfig) -> int:
-    """Analytic count: untied embedding + head, per layer q/k/v/o + SwiGLU + 2 norms, final norm."""
-    d, inner = cfg.d_model, cfg.n_heads * cfg.head_dim
-    per_layer = 4 * d * inner + 3 * d * cfg.ffn_dim + 2 * d
-    return 2 * cfg.vocab_size * d + cfg.n_layers * per_layer + d
+    """Analytic count: embedding + head (one matrix when tied), per layer q/k/v/o + SwiGLU + 2 norms,
+    final norm."""
+    d = cfg.d_model
+    per_layer = _attention_weights(cfg) + 3 * d * cfg.ffn_dim + 2 * d
+    n_vocab_mats = 1 if cfg.tie_embeddings else 2
+    return n_vocab_mats * cfg.vocab_size * d + cfg.n_layers * per_layer + d
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -29,8 +36,8 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
-    """K and V of every head of every layer for one raw token: the Standard cache's cost per token."""
-    return 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * _itemsize(dtype)
+    """K and V of every KV head of every layer for one raw token: the Standard cache's cost per token."""
+    return 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * _itemsize(dtype)
 
 
 def kv_bytes_session(cfg: ModelConfig, seq_len: int, budget: int | None = None,
@@ -40,15 +47,16 @@ def kv_bytes_session(cfg: ModelConfig, seq_len: int, budget: int | None = None,
     Standard: every token (or `budget` tokens per head when a KV policy caps it).
     AnchorMass, per layer: local ring (last `window` tokens, local heads) + sinks + slots
     (worst case 16 per completed block, capped at `budget`, each with one mass) + raw tail,
-    the last three over the global heads.
+    the last three over the global heads. Heads here are KV heads (grouped-query attention stores
+    one K/V per group of query heads).
     """
     if cfg.arch == "standard":
         kept = seq_len if budget is None else min(seq_len, budget)
         return kept * kv_bytes_per_token(cfg, dtype)
     budget = cfg.slot_budget if budget is None else budget
     b = _itemsize(dtype)
-    local_tok = 2 * cfg.n_local_heads * cfg.head_dim * b
-    global_tok = 2 * cfg.n_global_heads * cfg.head_dim * b
+    local_tok = 2 * cfg.n_local_kv_heads * cfg.head_dim * b
+    global_tok = 2 * cfg.n_global_kv_heads * cfg.head_dim * b
     n_sink = min(cfg.n_sinks, seq_len)
     n_blocks, tail = divmod(seq_len - n_sink, cfg.block_size)
     slots = min(budget, cfg.slots_per_block * n_blocks)
@@ -58,7 +66,7 @@ def kv_bytes_session(cfg: ModelConfig, seq_len: int, budget: int | None = None,
 
 
 def mean_keys_per_query(cfg: ModelConfig, seq_len: int) -> float:
-    """Keys a query attends to, summed over heads and averaged over positions 0..seq_len-1.
+    """Keys a query attends to, summed over (query) heads and averaged over positions 0..seq_len-1.
 
     AnchorMass counts the fixed parallel layout (16 slots per earlier block, absent outliers
     included, since the kernels compute them too).
@@ -80,7 +88,8 @@ def estimate_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     6 per weight of every matmul (the embedding lookup is not a matmul; the LM head is) plus
     attention: 2 matmuls x 2 FLOPs x head_dim per visible key, x3 for backward (12 * D * keys).
     """
-    d, inner = cfg.d_model, cfg.n_heads * cfg.head_dim
-    matmul_params = cfg.n_layers * (4 * d * inner + 3 * d * cfg.ffn_dim) + cfg.vocab_size * d
+    d = cfg.d_model
+    # The LM head is a matmul whether or not it shares the embedding's matrix.
+    matmul_params = cfg.n_layers * (_attention_weights(cfg) + 3 * d * cfg.ffn_dim) + cfg.vocab_size * d
     attn = 12 * cfg.n_layers * cfg.head_dim * mean_keys_per_query(cfg, seq_len)
     return 6 * matmul_params + attn

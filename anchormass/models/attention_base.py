@@ -3,6 +3,10 @@
 `SelfAttention` owns the projections (no bias), applies RoPE and either hands the post-RoPE
 q, k, v to the session cache (`cache.layers[idx].attend`) or runs `parallel_attention`, the one
 method a model's attention class supplies.
+
+Grouped-query attention (docs/method.md §1): k and v have `cfg.kv_heads` heads, q has `n_heads`;
+query head h reads KV head h // cfg.q_per_kv (transformers' `repeat_kv` order). K/V stay at KV
+heads all the way down (kernels, caches), which expand them to query heads where they attend.
 """
 
 from __future__ import annotations
@@ -14,20 +18,27 @@ from anchormass.models.config import ModelConfig
 from anchormass.models.rope import apply_rope
 
 
+def repeat_kv(x: torch.Tensor, q_per_kv: int) -> torch.Tensor:
+    """[B, H_kv, T, D] -> [B, H_kv * q_per_kv, T, D]: KV head j copied to query heads j*g .. j*g + g - 1.
+    For readers that want one K/V per query head (the dense oracle, probes); attention itself
+    shares the KV heads without copying them."""
+    return x if q_per_kv == 1 else x.repeat_interleave(q_per_kv, dim=1)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.cfg = cfg
         self.layer_idx = layer_idx
-        inner = cfg.n_heads * cfg.head_dim
+        inner, kv_inner = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, kv_inner, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, kv_inner, bias=False)
         self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
+        return x.view(b, t, -1, self.cfg.head_dim).transpose(1, 2)  # [B, H or H_kv, T, D]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
         """x [B, T, d_model]; cos/sin [T, D] for this chunk's absolute positions, or [B, 1, T, D] when
@@ -39,9 +50,10 @@ class SelfAttention(nn.Module):
         if cache is None:
             out = self.parallel_attention(q, k, v)
         else:
-            out = cache.layers[self.layer_idx].attend(q, k, v)
+            out = cache.layers[self.layer_idx].attend(q, k, v)  # q [B, H, T, D]; k, v [B, H_kv, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
     def parallel_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Every position at once (training, cache-free forward). q, k, v: [B, H, T, D] post-RoPE."""
+        """Every position at once (training, cache-free forward). q [B, H, T, D], k, v [B, H_kv, T, D],
+        post-RoPE."""
         raise NotImplementedError

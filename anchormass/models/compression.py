@@ -10,6 +10,9 @@ Each group of G consecutive tokens becomes two slots, background first:
   outlier:    the single most off-direction token (k, v, mass) if the group emits one,
               else zeros with mass 0 (an absent slot).
 The outlier decision is one per (sequence, group), shared by all global heads of the layer.
+"Heads" here are the global KV heads: k and v arrive as the attention projects them, so with
+grouped-query attention stage 1 compresses (and averages its rule over) n_global_heads / q_per_kv
+heads, and the slots serve each KV head's group of query heads.
 
 Conventions this implementation fixes (docs/method.md §2.3 states them too):
   * cos(v, v_bar) of a zero vector (either side) is 0, so an all-zero value never yields NaN.

@@ -13,7 +13,7 @@ import functools
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Optional, Union
 
 from anchormass.config_compose import compose_file, group_names
 from anchormass.errors import ConfigError
@@ -51,18 +51,23 @@ class ModelConfig:
     vocab_size: int
     n_layers: int
     d_model: int
-    n_heads: int
+    n_heads: int  # query heads
+    # Key/value heads (grouped-query attention, docs/method.md §1): each serves n_heads / n_kv_heads
+    # consecutive query heads. null: one per query head (multi-head attention).
+    n_kv_heads: Optional[int]
     head_dim: int
     ffn_dim: int
     norm_eps: float
     init_std: float
+    tie_embeddings: bool  # the LM head reuses the embedding matrix (one parameter)
 
     # RoPE with dynamic NTK scaling (docs/method.md §1). original_max_len = longest trained length.
     rope_theta: float
     original_max_len: int
 
     # AnchorMass attention (docs/method.md §2); ignored by arch="standard".
-    n_local_heads: int  # heads [0, n_local) are local, the rest global
+    # Query heads [0, n_local) are local, the rest global; with GQA both are whole KV groups.
+    n_local_heads: int
     n_global_heads: int
     window: int  # local sliding window (tokens, query included)
     block_size: int  # C: global compression block
@@ -89,6 +94,10 @@ class ModelConfig:
     activation_checkpointing: bool
 
     def __post_init__(self) -> None:
+        # One spelling per model: as many KV heads as query heads is plain multi-head attention,
+        # null, so configs, checkpoints and comparisons between them agree.
+        if type(self.n_kv_heads) is int and self.n_kv_heads == self.n_heads:
+            self.n_kv_heads = None
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -99,6 +108,10 @@ class ModelConfig:
 
         for name, kind in _field_types().items():  # types first: `window: x` is one line, not a traceback
             value = getattr(self, name)
+            if typing.get_origin(kind) is Union:  # Optional[x]: null, or an x
+                if value is None:
+                    continue
+                kind = next(a for a in typing.get_args(kind) if a is not type(None))
             if typing.get_origin(kind) is Literal:
                 need(value in typing.get_args(kind), f"{name} must be one of {typing.get_args(kind)}, got {value!r}")
                 continue
@@ -112,6 +125,9 @@ class ModelConfig:
         need(self.n_heads * self.head_dim == self.d_model,
              f"n_heads * head_dim = {self.n_heads * self.head_dim} must equal d_model = {self.d_model}")
         need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
+        kv = self.kv_heads
+        need(kv > 0 and self.n_heads % kv == 0,
+             f"n_kv_heads ({kv}) must be positive and divide n_heads ({self.n_heads})")
         if self.arch != "anchormass":
             return
         need(self.n_local_heads >= 0 and self.n_global_heads >= 1,
@@ -119,6 +135,10 @@ class ModelConfig:
         need(self.n_local_heads + self.n_global_heads == self.n_heads,
              f"n_local_heads + n_global_heads = {self.n_local_heads + self.n_global_heads} "
              f"must equal n_heads = {self.n_heads}")
+        g = self.q_per_kv
+        need(self.n_local_heads % g == 0,
+             f"n_local_heads ({self.n_local_heads}) must be a multiple of n_heads / n_kv_heads = {g}: "
+             f"local and global heads are whole KV groups")
         need(self.window >= 1, f"window must be >= 1, got {self.window}")
         need(self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}")
         need(self.block_size >= self.group_size and self.block_size % self.group_size == 0,
@@ -131,6 +151,24 @@ class ModelConfig:
             need(False, str(err))
 
     # ------------------------------------------------------------- derived
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads when it is null."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads sharing one KV head (1 without GQA); query head h reads KV head h // q_per_kv."""
+        return self.n_heads // self.kv_heads
+
+    @property
+    def n_local_kv_heads(self) -> int:
+        return self.n_local_heads // self.q_per_kv
+
+    @property
+    def n_global_kv_heads(self) -> int:
+        return self.n_global_heads // self.q_per_kv
+
     @property
     def groups_per_block(self) -> int:
         return self.block_size // self.group_size
@@ -148,6 +186,8 @@ class ModelConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
         data = dict(data)
         data.pop("_target_", None)  # tolerated: Hydra-style YAML
+        for name, before in FIELDS_ADDED_LATER.items():  # a config saved before the field existed
+            data.setdefault(name, before)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -160,6 +200,11 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return self.from_dict({**self.to_dict(), **changes})
+
+
+# Fields added after checkpoints were written, with the value that gives the model they describe:
+# an older checkpoint's `model_config` lacks them and loads as that model.
+FIELDS_ADDED_LATER = {"n_kv_heads": None, "tie_embeddings": False}
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from anchormass.models.attention_base import repeat_kv
 from anchormass.models.compression import compress_blocks
 from anchormass.models.config import ModelConfig
 
@@ -29,24 +30,28 @@ def _dense_softmax_attend(q, k, v, bias) -> torch.Tensor:
 
 def reference_anchormass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                    cfg: ModelConfig) -> torch.Tensor:
-    """q, k, v: [B, H, T, D] post-RoPE, all heads (heads [0, n_local) local). Returns [B, H, T, D]."""
+    """q [B, H, T, D], k, v [B, H_kv, T, D] post-RoPE, all heads (query heads [0, n_local) local,
+    KV heads [0, n_local / q_per_kv)). Returns [B, H, T, D]. Stage 1 compresses the KV heads; the
+    copies to query heads come after it."""
     b, h, t, d = q.shape
     nl, s, c = cfg.n_local_heads, cfg.n_sinks, cfg.block_size
+    nkl, g = cfg.n_local_kv_heads, cfg.q_per_kv
     pos = torch.arange(t, device=q.device)
     out = torch.empty_like(q)
 
     if nl:
         vis = local_visible(pos, pos, cfg.window)
         bias = torch.zeros(t, t, dtype=torch.float64, device=q.device).masked_fill(~vis, -math.inf)
-        out[:, :nl] = _dense_softmax_attend(q[:, :nl], k[:, :nl], v[:, :nl], bias)
+        out[:, :nl] = _dense_softmax_attend(q[:, :nl], repeat_kv(k[:, :nkl], g), repeat_kv(v[:, :nkl], g), bias)
 
-    qg, kg, vg = q[:, nl:], k[:, nl:], v[:, nl:]
+    qg, kg, vg = q[:, nl:], k[:, nkl:], v[:, nkl:]
     n_sink = min(s, t)
     n_blocks = max(0, t - s) // c
     slot_k, slot_v, slot_mass = compress_blocks(kg[:, :, s:s + n_blocks * c], vg[:, :, s:s + n_blocks * c], cfg)
     n_slots = slot_mass.shape[1]
-    keys = torch.cat([kg[:, :, :n_sink], slot_k, kg[:, :, n_sink:]], dim=2)  # [B, Hg, S + slots + (T-S), D]
+    keys = torch.cat([kg[:, :, :n_sink], slot_k, kg[:, :, n_sink:]], dim=2)  # [B, Hg_kv, S + slots + (T-S), D]
     vals = torch.cat([vg[:, :, :n_sink], slot_v, vg[:, :, n_sink:]], dim=2)
+    keys, vals = repeat_kv(keys, g), repeat_kv(vals, g)  # [B, Hg, ..., D]
 
     q_block = torch.where(pos >= s, (pos - s).div(c, rounding_mode="floor"), -1)  # [T]; -1 = sink region
     sink_vis = pos[:n_sink][None, :] <= pos[:, None]  # [T, n_sink]

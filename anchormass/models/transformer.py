@@ -1,8 +1,10 @@
 """The decoder-only language model shared by both architectures (docs/method.md §1).
 
-embedding -> n_layers x [x + attn(norm(x)); x + ffn(norm(x))] -> final norm -> untied lm_head.
+embedding -> n_layers x [x + attn(norm(x)); x + ffn(norm(x))] -> final norm -> lm_head.
 The attention class is picked by `cfg.arch`; everything else is identical, so the two models
-have exactly the same parameters.
+have exactly the same parameters. With `cfg.tie_embeddings` the lm_head's weight IS the
+embedding matrix (one parameter, counted once); the state dict still names it under both keys,
+so an untied checkpoint's keys and a tied one's are the same.
 
 Init: every weight matrix ~ N(0, init_std); the two residual output projections (attention
 o_proj, FFN w2) use init_std / sqrt(2 * n_layers) so the residual stream's variance does not
@@ -48,6 +50,8 @@ class LanguageModel(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

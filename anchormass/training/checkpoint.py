@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from anchormass.errors import CheckpointError
+from anchormass.own_files import record, remove_own
 from anchormass.training.safe_load import safe_torch_load
 from anchormass.utils import atomic_path
 
@@ -114,7 +115,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
+        record(Path(path).parent, [Path(path).name])  # before the temp file exists: see anchormass/own_files.py
         atomic_torch_save(checkpoint, path)
+
+    def remove_checkpoint(self, path) -> None:
+        """ModelCheckpoint's rotation deletes only checkpoints a run of ours wrote into that folder."""
+        remove_own([Path(path)], Path(path).parent)
 
     def load_checkpoint(self, path, map_location="cpu", weights_only=None) -> dict:
         # "cpu" as Lightning's default (lambda storage, loc: storage) leaves the storages

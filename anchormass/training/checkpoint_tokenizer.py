@@ -1,10 +1,11 @@
 """The tokenizer a checkpoint carries, so that it is evaluated, exported or trained from any folder.
 
-Since this module exists a training checkpoint holds its tokenizer's files as bytes in
+Since this module exists a training checkpoint holds its tokenizer's files in
 `hyper_parameters["tokenizer_files"]`: `{"kind": "sentencepiece" | "huggingface", "files":
-{name: bytes}}`, plain values that torch's weights-only unpickler reads (a SentencePiece model is
-~10 KB to ~1 MB, an imported tokenizer.json a few MB). `tokenizer_path` (absolute) and
-`tokenizer_checksum` stay beside it as provenance.
+{name: base64 text}}`. Text, not bytes, so that hyper-parameters stay JSON values (and torch's
+weights-only unpickler reads them); base64 adds a third (a SentencePiece model is ~10 KB to ~1 MB,
+an imported tokenizer.json a few MB). `tokenizer_path` (absolute) and `tokenizer_checksum` stay
+beside it as provenance.
 
 Which tokenizer a checkpoint means (`checkpoint_tokenizer`), in this order:
 1. the recorded path, when it still holds the tokenizer of that checksum (a prepared dataset's
@@ -19,6 +20,7 @@ Which tokenizer a checkpoint means (`checkpoint_tokenizer`), in this order:
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,7 +33,7 @@ CARRIED_KEY = "tokenizer_files"
 def carried(tok) -> dict[str, Any]:
     """What a checkpoint stores of `tok` (tokenizer_base.TokenizerBase)."""
     files = dict(tok.files) if tok.kind == "huggingface" else {tok.file_name: tok.model_bytes}
-    return {"kind": tok.kind, "files": files}
+    return {"kind": tok.kind, "files": {name: base64.b64encode(data).decode("ascii") for name, data in files.items()}}
 
 
 def from_carried(record: Mapping[str, Any], label: str = "<checkpoint>"):
@@ -39,11 +41,15 @@ def from_carried(record: Mapping[str, Any], label: str = "<checkpoint>"):
     from anchormass.data.hf_tokenizer import HFTokenizer
     from anchormass.data.tokenizer import Tokenizer
 
-    kind, files = record.get("kind"), record.get("files") or {}
+    kind = record.get("kind")
+    try:
+        files = {name: base64.b64decode(text, validate=True) for name, text in (record.get("files") or {}).items()}
+    except (ValueError, TypeError):
+        raise CheckpointError(f"{label}: its carried tokenizer is not base64 text; pass tokenizer=<path>") from None
     if kind == Tokenizer.kind and Tokenizer.file_name in files:
-        return Tokenizer(bytes(files[Tokenizer.file_name]), label)
+        return Tokenizer(files[Tokenizer.file_name], label)
     if kind == HFTokenizer.kind:
-        return HFTokenizer({k: bytes(v) for k, v in files.items()}, label)
+        return HFTokenizer(files, label)
     raise CheckpointError(f"{label}: its carried tokenizer has unknown kind {kind!r}; pass tokenizer=<path>")
 
 

@@ -22,6 +22,8 @@ from optuna.storages import InMemoryStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from anchormass.errors import DataError
+
 
 def _trial_to_json(trial: FrozenTrial | None) -> dict | None:
     if trial is None:
@@ -41,6 +43,13 @@ def _trial_from_json(raw: dict | None) -> FrozenTrial | None:
                         intermediate_values={int(k): v for k, v in raw["intermediate_values"].items()})
 
 
+# The operations the journal writes (each a method below) and how many arguments each line holds.
+REPLAYED = {"create_new_study": 1, "delete_study": 1, "set_study_directions": 2, "set_study_user_attr": 3,
+            "set_study_system_attr": 3, "create_new_trial": 2, "set_trial_state": 2, "set_trial_param": 4,
+            "set_trial_values": 2, "set_trial_intermediate_value": 3, "set_trial_user_attr": 3,
+            "set_trial_system_attr": 3}
+
+
 class JournalStorage(InMemoryStorage):
     """`optuna.create_study(storage=JournalStorage(path), load_if_exists=True)` continues the study
     that earlier processes wrote to `path`: same trials, same numbers, same states."""
@@ -52,9 +61,8 @@ class JournalStorage(InMemoryStorage):
         if self.path.is_file():
             raw = self.path.read_bytes()
             whole = raw[: raw.rfind(b"\n") + 1]
-            for line in whole.decode("utf-8").splitlines():
-                op, args = json.loads(line)
-                self._apply(op, args)
+            for number, line in enumerate(whole.decode("utf-8", errors="replace").splitlines(), 1):
+                self._replay(line, number)
             if len(whole) < len(raw):  # the half-written last line of a killed sweep: dropped
                 with open(self.path, "r+b") as f:
                     f.truncate(len(whole))
@@ -70,6 +78,20 @@ class JournalStorage(InMemoryStorage):
         super().__setstate__(state)
         self._file = None
 
+    def _replay(self, line: str, number: int) -> None:
+        """One line of the file, applied; a line that is not one of the operations this class
+        writes, with the arguments it writes, is refused naming the file and line (a method name
+        read from a file is never looked up on the storage)."""
+        try:
+            op, args = json.loads(line)
+            if op not in REPLAYED or not isinstance(args, list) or len(args) != REPLAYED[op]:
+                raise ValueError(f"not an operation of this journal: {str(op)[:60]!r}")
+            self._apply(op, args)
+        except Exception as err:  # noqa: BLE001 - whatever a damaged line makes Optuna raise
+            raise DataError(f"{self.path} line {number} is not a study record ({type(err).__name__}: "
+                            f"{str(err).splitlines()[0][:200] if str(err) else '-'}); the study cannot be "
+                            f"continued from it: move the file aside to start the sweep over") from None
+
     def _apply(self, op: str, args: list) -> Any:
         if op == "create_new_trial":
             return super().create_new_trial(args[0], _trial_from_json(args[1]))
@@ -81,7 +103,7 @@ class JournalStorage(InMemoryStorage):
             return super().set_trial_param(args[0], args[1], args[2], json_to_distribution(args[3]))
         if op == "set_trial_intermediate_value":
             return super().set_trial_intermediate_value(args[0], int(args[1]), args[2])
-        return getattr(super(), op)(*args)
+        return getattr(InMemoryStorage, op)(self, *args)  # op is one of REPLAYED: checked by _replay
 
     def _record(self, op: str, *args) -> None:
         if self._file is None:

@@ -9,7 +9,12 @@ Hydra's Optuna plugin, with what a research sweep needs on top:
   one that cannot is recorded as failed. Only a trial that trained all its steps has an objective
   (train.py returns None otherwise), so optimization_results.yaml ranks only finished trials.
 - A sweep folder from before the journal is read from its trial folders (.hydra/overrides.yaml
-  and train_result.json), each told to the study as completed (it trained all its steps) or failed.
+  and train_result.json), each told to the study as completed (it trained all its steps) or failed,
+  once its .hydra/config.yaml shows it ran with this sweep's fixed settings.
+- A study's fixed settings (the composed config less the searched keys, training/run_settings.py)
+  are part of its identity: a rerun with other ones (`stage.total_steps=3` after 4) would rank
+  3-step trials against 4-step ones, so it is refused in one line, as is a study whose settings
+  were not recorded, and a damaged journal line (the file and line named).
 - A sweep in which no trial completed ends with one line naming the folders to look at, not the
   plugin's `ValueError: No trials are completed yet`. (Failed trials are recorded as failed and the
   search goes on: `max_failure_rate: 1.0` in the config.)
@@ -26,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from anchormass.errors import AnchorMassError, ConfigError
 
 
 def trial_folders(sweep_dir: Path) -> list[Path]:
@@ -112,13 +119,17 @@ def resume_interrupted(impl: Any, study: Any, sweep_dir: Path) -> None:
     cannot (no checkpoint, or it fails) is recorded as failed, so it is never ranked."""
     import optuna
 
+    from anchormass.training.run_dir import checkpoints_in
+
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         folder = sweep_dir / str(trial.user_attrs.get("folder", trial.number))
         overrides = trial_overrides(folder)
         value = None
-        if overrides is not None and (folder / "checkpoints" / "last.ckpt").is_file():
-            print(f"note: trial {trial.number} was interrupted; resuming it from {folder}/checkpoints/last.ckpt",
-                  file=sys.stderr)
+        # any checkpoint, not only last.ckpt: a trial killed between its first step-N.ckpt and its
+        # first last.ckpt resumes from step N (ckpt_path=last takes the highest recorded step)
+        if overrides is not None and checkpoints_in(folder):
+            print(f"note: trial {trial.number} was interrupted; resuming it from its newest checkpoint in "
+                  f"{folder}/checkpoints", file=sys.stderr)
             overrides = [o for o in overrides if not o.startswith("ckpt_path=")] + ["ckpt_path=last"]
             ret = impl.launcher.launch([overrides], initial_job_idx=int(folder.name))[0]
             try:
@@ -150,7 +161,59 @@ def trial_overrides(folder: Path) -> list[str] | None:
         overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return overrides if isinstance(overrides, list) else None
+    return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
+
+
+SETTINGS_ATTR = "fixed_settings"  # the study's user attribute holding them
+
+
+def searched_keys(impl: Any, arguments: list[str]) -> list[str]:
+    """The keys each trial sets itself: the search space's and any swept on the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = [a for a in arguments if not a.startswith("-")]
+    return [str(k) for k in (impl.params or {})] + [
+        o.key_or_group for o in OverridesParser.create().parse_overrides(plain) if o.is_sweep_override()]
+
+
+def check_folder_settings(folders: list[Path], fixed: dict[str, Any], searched: list[str], sweep_dir: Path) -> None:
+    """Trial folders of a sweep from before the journal, about to be told to a new study: each
+    must have run with this sweep's fixed settings (its .hydra/config.yaml, as Hydra composed it)."""
+    from omegaconf import OmegaConf
+
+    from anchormass.training.run_settings import run_settings, setting_differences
+
+    for folder in folders:
+        try:
+            ran = run_settings(OmegaConf.load(folder / ".hydra" / "config.yaml"), leave_out=searched)
+        except Exception:  # noqa: BLE001 - missing or not a config: what it ran with is not known
+            ran = None
+        diff = ["its .hydra/config.yaml is missing or unreadable"] if ran is None else setting_differences(ran, fixed)
+        if diff:
+            raise ConfigError(f"trial folder {folder} of the sweep in {sweep_dir} ran with other fixed settings "
+                              f"({'; '.join(diff)}); ranking new trials with it would compare different runs: "
+                              f"rerun with its settings, or start a new study in another hydra.sweep.dir")
+
+
+def check_fixed_settings(study: Any, fixed: dict[str, Any], sweep_dir: Path) -> None:
+    """Record the settings on a new study; refuse to continue one recorded with other settings (or
+    none: what its trials ran with is not known)."""
+    from anchormass.training.run_settings import setting_differences
+
+    recorded = study.user_attrs.get(SETTINGS_ATTR)
+    if recorded is None and not study.trials:
+        study.set_user_attr(SETTINGS_ATTR, fixed)
+        return
+    start_over = f"start a new study in another hydra.sweep.dir (or delete {sweep_dir})"
+    trials = f"{len(study.trials)} trial{'s' if len(study.trials) != 1 else ''}"
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"the study in {sweep_dir} does not record the settings its {trials} ran with, so "
+                          f"new trials cannot be ranked with them; {start_over}")
+    diff = setting_differences(recorded, json.loads(json.dumps(fixed)))  # compared as the file stores them
+    if diff:
+        raise ConfigError(f"the study in {sweep_dir} ran its {trials} with other fixed settings "
+                          f"({'; '.join(diff)}); ranking new trials with them would compare different runs: "
+                          f"rerun with the earlier settings, or {start_over}")
 
 
 @contextlib.contextmanager
@@ -173,13 +236,23 @@ def sweep(impl: Any, sweep_dir: Path, arguments: list[str], run_sweep: Callable[
     import optuna
 
     from anchormass.training.optuna_journal import JournalStorage
+    from anchormass.training.run_settings import run_settings
 
     folders = trial_folders(sweep_dir)
-    if impl.storage is None:  # a user's own storage (a database URL) holds its own history
-        impl.storage = JournalStorage(sweep_dir / JOURNAL)
-    with quiet_optuna():  # the plugin announces the study itself
-        study = optuna.create_study(study_name=impl.study_name, storage=impl.storage, sampler=impl.sampler,
-                                    directions=impl._get_directions(), load_if_exists=True)
+    try:
+        if impl.storage is None:  # a user's own storage (a database URL) holds its own history
+            impl.storage = JournalStorage(sweep_dir / JOURNAL)
+        with quiet_optuna():  # the plugin announces the study itself
+            study = optuna.create_study(study_name=impl.study_name, storage=impl.storage, sampler=impl.sampler,
+                                        directions=impl._get_directions(), load_if_exists=True)
+        searched = searched_keys(impl, arguments)
+        fixed = run_settings(impl.config, leave_out=searched)
+        if folders and not study.trials:
+            check_folder_settings(folders, fixed, searched, sweep_dir)
+        check_fixed_settings(study, fixed, sweep_dir)
+    except AnchorMassError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if folders and not study.trials:
         legacy_trials(study, impl, arguments, folders)
     name_trial_folders(impl)

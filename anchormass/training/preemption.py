@@ -7,6 +7,9 @@ boundary `PreemptCheckpoint` saves the same full checkpoint a periodic save writ
 weights, optimizer, schedule, loop counters, data position, RNG), and raises `TrainingInterrupted`;
 the entry points print one `interrupted: ...` line and exit `EXIT_INTERRUPTED`. Resuming that
 checkpoint (`ckpt_path=last`) continues bitwise as if nothing happened (tests/test_preemption.py).
+A signal during the stage's last step lets it finish as it would (final save, validation, a result
+that says completed) and still ends the run with `EXIT_INTERRUPTED` (`stop_after_fit`), so a sweep
+or a scheduler sees the stop (tests/test_kill_boundaries.py).
 
 `preempt_signals` says which signals mean "stop and save"; under Slurm, SIGUSR1 then requeues the job
 after the save (training/slurm_requeue.py) rather than through a competing handler.
@@ -155,7 +158,7 @@ class PreemptCheckpoint(Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: the optimizer step is not complete yet
         if trainer.global_step >= trainer.max_steps:
-            return  # the last step: the run ends now anyway, complete, with its final save
+            return  # the last step: the run ends now anyway, complete, with its final save (stop_after_fit)
         if not self._stop_requested(trainer):
             return
         path = save_last(trainer, pl_module, outputs, batch, batch_idx)
@@ -164,6 +167,19 @@ class PreemptCheckpoint(Callback):
         requeued = requeue(trainer, self.received, self._previous.get(self.received))
         saved += f"; {requeued}" if requeued else ""
         raise TrainingInterrupted(f"{what} at step {trainer.global_step}; {saved}")
+
+
+def stop_after_fit(trainer) -> TrainingInterrupted | None:
+    """A preempt signal the fit did not act on: one that came during the stage's last step (or its
+    final save and validation), which ended the stage complete. The run still exits resumable, so
+    the process that sent it (a scheduler, a sweep, the curriculum) sees the stop instead of a run
+    that went on; rerunning the same command finds the stage done."""
+    received = next((cb.received for cb in trainer.callbacks
+                     if isinstance(cb, PreemptCheckpoint) and cb.received is not None), None)
+    if received is None:
+        return None
+    return TrainingInterrupted(f"{signal_name(received)} during the last step ({trainer.global_step}); the stage "
+                               f"finished and saved; rerun the same command to go on after it")
 
 
 def save_last(trainer, pl_module, outputs, batch, batch_idx) -> str | None:

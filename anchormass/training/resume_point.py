@@ -11,6 +11,8 @@
 - At the start of a resume, `clean_checkpoint_folder` removes what an interrupted run can leave:
   temp files of an unfinished atomic write and periodic checkpoints beyond the kept count, and
   `make_last_the_newest` makes `last.ckpt` the newest checkpoint again when another name held it.
+  Both delete only files a run of ours recorded writing there (anchormass/own_files.py), and
+  nothing when `checkpoints/` is a link out of the run folder.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from anchormass.errors import CheckpointError
+from anchormass.own_files import inside, is_own, remove_own
 from anchormass.training.safe_load import UnsafeCheckpoint, safe_torch_load
 from anchormass.utils import atomic_path
 
@@ -69,19 +72,21 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return max(steps, key=lambda p: (steps[p], p.name == f"{LAST_PREFIX}.ckpt", p.name))
 
 
-def clean_checkpoint_folder(folder: str | os.PathLike, keep: int, protect: Path | None = None) -> list[Path]:
-    """Remove temp files and all but the `keep` highest-step periodic checkpoints (keep < 0: all),
-    never `protect` (the checkpoint being resumed). Call only while holding the run folder's lock.
-    Returns what was removed."""
+def clean_checkpoint_folder(folder: str | os.PathLike, keep: int, run_dir: str | os.PathLike,
+                            protect: Path | None = None) -> list[Path]:
+    """Remove our temp files and all but the `keep` highest-step periodic checkpoints we wrote
+    (keep < 0: all), never `protect` (the checkpoint being resumed) nor a file of anyone else, and
+    nothing in a folder that is not inside `run_dir` once links are followed. Call only while
+    holding the run folder's lock. Returns what was removed."""
     folder = Path(folder)
-    removed = [p for p in folder.glob("*.tmp") if p.is_file()]
+    if not inside(folder, run_dir):
+        return []
+    doomed = list(folder.glob("*.tmp"))
     if keep >= 0:
-        periodic = {p: s for p, s in _steps(folder).items() if not p.name.startswith(LAST_PREFIX)}
+        periodic = {p: s for p, s in _steps(folder).items() if not p.name.startswith(LAST_PREFIX) and is_own(p)}
         ranked = sorted(periodic, key=lambda p: (periodic[p], p.name), reverse=True)
-        removed += [p for p in ranked[keep:] if protect is None or p.resolve() != protect.resolve()]
-    for path in removed:
-        path.unlink(missing_ok=True)
-    return removed
+        doomed += [p for p in ranked[keep:] if protect is None or p.resolve() != protect.resolve()]
+    return remove_own(doomed, run_dir)
 
 
 def make_last_the_newest(folder: str | os.PathLike, resume: Path) -> Path:
@@ -105,8 +110,8 @@ def make_last_the_newest(folder: str | os.PathLike, resume: Path) -> Path:
         print(f"note: {last} now holds the newest checkpoint (step {step})", file=sys.stderr)
     newest = recorded_step(last) if last.is_file() else None
     for old in folder.glob(f"{LAST_PREFIX}-v*.ckpt"):
-        if old != resume and newest is not None and (recorded_step(old) or 0) <= newest:
-            old.unlink()
+        if old != resume and newest is not None and is_own(old) and (recorded_step(old) or 0) <= newest:
+            remove_own([old], folder)
             print(f"note: removed {old.name}, an older copy of {last.name}", file=sys.stderr)
     return resume
 

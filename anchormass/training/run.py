@@ -30,13 +30,13 @@ from anchormass.data.datamodule import datamodule_config
 from anchormass.data.dataset_dir import fingerprint, verify_dataset
 from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
 from anchormass.errors import AnchorMassError, CheckpointError, ConfigError
-from anchormass.models.config import load_model_config
+from anchormass.models.config import FIELDS_ADDED_LATER, load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
 from anchormass.training.checkpoint_tokenizer import carried
 from anchormass.training.launch_checks import INT_SETTINGS, data_metadata
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
-from anchormass.training.preemption import TrainingInterrupted
+from anchormass.training.preemption import TrainingInterrupted, stop_after_fit
 from anchormass.training.resume_point import (
     checkpoint_step,
     clean_checkpoint_folder,
@@ -184,8 +184,8 @@ def _is_fsdp(strategy: Any) -> bool:
 
 # Fields that make two models different architectures even when their tensors have equal shapes
 # (Standard and AnchorMass have identical parameter lists).
-ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "head_dim", "ffn_dim", "vocab_size",
-               "n_local_heads", "n_global_heads")
+ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+               "tie_embeddings", "n_local_heads", "n_global_heads")
 
 
 # What `init_across_arch=true` lets differ: Standard <-> AnchorMass with the same tensors (uptraining
@@ -195,6 +195,7 @@ ACROSS_ARCH_FIELDS = ("arch", "n_local_heads", "n_global_heads")
 
 def check_same_architecture(saved: dict, model_cfg, path, across_arch: bool = False) -> None:
     now = model_cfg.to_dict()
+    saved = {**FIELDS_ADDED_LATER, **saved}  # a checkpoint older than a field has its earlier value
     differ = [k for k in ARCH_FIELDS if saved.get(k) != now[k] and not (across_arch and k in ACROSS_ARCH_FIELDS)]
     if differ:
         detail = "; ".join(f"{k}: {saved.get(k)} in checkpoint vs {now[k]}" for k in differ)
@@ -257,7 +258,7 @@ def clean_before_resume(cfg: DictConfig, resume: str) -> str:
     ckpt_cfg = OmegaConf.select(cfg, "callbacks.model_checkpoint") or {}
     folder = Path(ckpt_cfg.get("dirpath") or Path(cfg.output_dir) / "checkpoints")
     keep = int(ckpt_cfg.get("save_top_k", -1))  # no periodic checkpoints configured: keep them all
-    for path in clean_checkpoint_folder(folder, keep, protect=Path(resume)):
+    for path in clean_checkpoint_folder(folder, keep, Path(cfg.output_dir), protect=Path(resume)):
         print(f"note: removed {path.name} left in {folder} by an earlier run", file=sys.stderr)
     resume = str(make_last_the_newest(folder, Path(resume)))
     cfg.ckpt_path = resume
@@ -314,6 +315,8 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     except TrainingInterrupted as err:  # saved at a step boundary (training/preemption.py): recorded, then re-raised
         interrupted = err
+    # a stop at the last step ends the stage complete, and still exits resumable
+    stopped_at_end = None if interrupted is not None else stop_after_fit(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     last = next((cb.last_model_path for cb in trainer.checkpoint_callbacks if cb.last_model_path), None)
     total = int(cfg.stage.total_steps)
@@ -325,6 +328,6 @@ def _train(cfg: DictConfig, out: Path, data_dir: Path, meta: dict, resume: str |
     if trainer.is_global_zero:
         # the curriculum reads this to know a stage is done
         atomic_write_json(out / RESULT_FILE, result, sort_keys=True, indent=2)
-    if interrupted is not None:
-        raise interrupted
+    if interrupted is not None or stopped_at_end is not None:
+        raise interrupted or stopped_at_end
     return result

@@ -6,7 +6,7 @@ returns a validated policy; `None` means the full cache.
 
 from __future__ import annotations
 
-from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, top_positions
+from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, kv_group_mean, top_positions
 from anchormass.cache.kv_policies.h2o import H2O
 from anchormass.cache.kv_policies.snapkv import SnapKV
 from anchormass.cache.kv_policies.streaming_llm import StreamingLLM
@@ -25,4 +25,4 @@ def get_policy(spec: "str | KVPolicy | None", budget: int | None = None) -> KVPo
 
 
 __all__ = ["KVPolicy", "SnapKV", "H2O", "StreamingLLM", "POLICIES", "get_policy", "attention_probs",
-           "top_positions"]
+           "kv_group_mean", "top_positions"]

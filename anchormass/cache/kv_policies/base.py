@@ -1,7 +1,7 @@
 """What a Standard-model KV policy is (docs/method.md §3), and the two pieces of maths they share.
 
 A policy (anchormass/cache/policy.py) is a dataclass whose fields are its hyperparameters plus
-`budget` (tokens kept per head), bound up front. One instance serves every layer of a cache: the per-layer state
+`budget` (tokens kept per KV head), bound up front. One instance serves every layer of a cache: the per-layer state
 (scores, observation queries) lives in the `StandardLayerCache` it is handed, so policies stay stateless and can be
 shared or reused. The layer calls three hooks:
 
@@ -9,8 +9,14 @@ shared or reused. The layer calls three hooks:
 - `after_forward(layer)` once per model forward (eviction policies act here);
 - `end_prefill(layer)`   once when the prompt is done (SnapKV compresses here).
 
-Every policy selects per head and per sequence; selections always keep the same number of
-tokens in every head, so the cache stays a dense [B, H, n, D] tensor.
+Every policy selects per KV head and per sequence; selections always keep the same number of
+tokens in every KV head, so the cache stays a dense [B, H_kv, n, D] tensor.
+
+Grouped-query attention: attention is computed per query head, but a token is kept or dropped per
+KV head, for the whole group of query heads sharing it. A policy that scores tokens from attention
+gives a KV head the MEAN over its group's query heads of each query head's score (`kv_group_mean`),
+the convention of NVIDIA's kvpress (its SnapKV and observed-attention presses average the group's
+scores); docs/method.md §3.
 """
 
 from __future__ import annotations
@@ -47,19 +53,31 @@ class KVPolicy(Policy):
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> torch.Tensor:
-    """fp32 causal attention probabilities of queries over stored keys.
+    """fp32 causal attention probabilities of queries over stored keys, per query head.
 
-    q: [B, H, Tq, D]; k: [B, H, L, D]. Query i sits at storage slot `first_query_slot + i` and
-    sees slots 0 .. first_query_slot + i (earlier slots always hold earlier positions).
-    Returns [B, H, Tq, L].
+    q: [B, H, Tq, D]; k: [B, H_kv, L, D], KV head j serving query heads j*g .. j*g + g - 1
+    (g = H / H_kv). Query i sits at storage slot `first_query_slot + i` and sees slots
+    0 .. first_query_slot + i (earlier slots always hold earlier positions). Returns [B, H, Tq, L].
     """
-    tq, length = q.shape[2], k.shape[2]
-    logits = torch.matmul(q.float(), k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [B, H, Tq, L]
+    b, h, tq, d = q.shape
+    h_kv, length = k.shape[1], k.shape[2]
+    # A group's query heads as one longer run of queries over their shared keys: no copy of k.
+    grouped = q.float().reshape(b, h_kv, (h // h_kv) * tq, d)
+    logits = torch.matmul(grouped, k.float().transpose(-2, -1)).view(b, h, tq, length) / math.sqrt(d)
     if first_query_slot < length - 1:  # some key lies after some query (else, e.g. decoding: all visible)
         rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
         cols = torch.arange(length, device=q.device).unsqueeze(0)
         logits = logits.masked_fill(cols > rows, float("-inf"))
     return torch.softmax(logits, dim=-1)
+
+
+def kv_group_mean(scores: torch.Tensor, h_kv: int) -> torch.Tensor:
+    """Per-query-head scores [B, H, ...] -> per-KV-head [B, H_kv, ...]: the mean over each group's
+    query heads (see the module docstring). The identity without GQA."""
+    b, h = scores.shape[:2]
+    if h == h_kv:
+        return scores
+    return scores.view(b, h_kv, h // h_kv, *scores.shape[2:]).mean(dim=2)
 
 
 def top_positions(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """H2O, heavy hitters (docs/method.md §3): every cached key accumulates the attention it receives (summed
 over all queries that saw it, per head and sequence); once the cache is over budget after a
 forward, keep the `recent` most recent tokens plus the `heavy` highest-scoring older ones.
+With grouped-query attention a KV head's score is the mean over its group's query heads of what
+each received (kv_policies/base.py).
 
 Scores are fp32 probabilities computed beside the SDPA output (so outputs match the full cache
 exactly until the first eviction). A long prompt prefilled in chunks is evicted at the end of
@@ -14,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, top_positions
+from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, kv_group_mean, top_positions
 from anchormass.errors import ConfigError
 
 SCORE_AUX = "h2o_score"
@@ -49,14 +51,14 @@ class H2O(KVPolicy):
     def on_attend(self, layer, q: torch.Tensor) -> None:
         if SCORE_AUX not in layer.aux:
             layer.add_aux(SCORE_AUX, torch.float32)
-        score = layer.aux[SCORE_AUX]  # [B, H, cap]; new slots start at 0
+        score = layer.aux[SCORE_AUX]  # [B, H_kv, cap]; new slots start at 0
         keys, t = layer.keys(), q.shape[2]
         first = layer.length - t
         for s in range(0, t, self.query_chunk):
             part = q[:, :, s:s + self.query_chunk]
             stop = first + s + part.shape[2]  # keys beyond the last query of this part are masked anyway
             probs = attention_probs(part, keys[:, :, :stop], first_query_slot=first + s)  # [B, H, t', stop]
-            score[:, :, :stop] += probs.sum(dim=2)
+            score[:, :, :stop] += kv_group_mean(probs.sum(dim=2), layer.n_kv_heads)
 
     def after_forward(self, layer) -> None:
         n = layer.length
@@ -64,6 +66,6 @@ class H2O(KVPolicy):
             return
         old = n - self.recent  # slots [0, old) compete on score; the rest are the recent ones
         score = layer.aux[SCORE_AUX][:, :, :old]
-        heavy = top_positions(score, self.heavy)  # [B, H, heavy]
+        heavy = top_positions(score, self.heavy)  # [B, H_kv, heavy]
         recent = torch.arange(old, n, device=heavy.device).expand(*heavy.shape[:2], self.recent)
         layer.keep(torch.cat([heavy, recent], dim=-1))

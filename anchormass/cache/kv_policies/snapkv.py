@@ -5,7 +5,9 @@ Vote = softmax attention (fp32) of the window queries over every prompt key, cau
 window (as in the original implementation the softmax normalises over prefix + window keys),
 summed over the window queries and restricted to the prefix columns. A 1-D pooling (max | avg,
 odd kernel, stride 1, padding k//2; avg counts the zero padding) spreads each score to its
-neighbours so whole clusters survive. Each head keeps its top-(budget - window) prefix positions
+neighbours so whole clusters survive. With grouped-query attention each query head's pooled vote
+is computed as above and a KV head's vote is their mean over its group (pooling first, then the
+mean, as kvpress's SnapKV does). Each KV head keeps its top-(budget - window) prefix positions
 (ties to the earlier one) in chronological order, then the window. The prefill attention itself
 is full; the cache only shrinks at `end_prefill`, and decoding appends to it without further
 compression (budget bounds the compressed prompt, not the generation).
@@ -19,7 +21,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, top_positions
+from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, kv_group_mean, top_positions
 from anchormass.errors import ConfigError
 
 POOLINGS = ("max", "avg")
@@ -49,8 +51,8 @@ class SnapKV(KVPolicy):
 
     # ------------------------------------------------------------ the maths
     def votes(self, q_obs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """q_obs: [B, H, w, D], the last w prompt queries; k: [B, H, L, D], all prompt keys.
-        Returns the pooled votes over the prefix, [B, H, L - w] (fp32)."""
+        """q_obs: [B, H, w, D], the last w prompt queries; k: [B, H_kv, L, D], all prompt keys.
+        Returns the pooled votes over the prefix per KV head, [B, H_kv, L - w] (fp32)."""
         w, length = q_obs.shape[2], k.shape[2]
         probs = attention_probs(q_obs, k, first_query_slot=length - w)  # [B, H, w, L]
         votes = probs[..., : length - w].sum(dim=2)  # [B, H, L - w]
@@ -61,12 +63,12 @@ class SnapKV(KVPolicy):
             pooled = F.max_pool1d(flat, self.kernel, stride=1, padding=pad)
         else:
             pooled = F.avg_pool1d(flat, self.kernel, stride=1, padding=pad, count_include_pad=True)
-        return pooled.reshape(b, h, n)
+        return kv_group_mean(pooled.reshape(b, h, n), k.shape[1])
 
     def select(self, q_obs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Stored slots to keep, [B, H, budget]: top prefix positions (ascending) then the window."""
+        """Stored slots to keep, [B, H_kv, budget]: top prefix positions (ascending) then the window."""
         w, length = q_obs.shape[2], k.shape[2]
-        chosen = top_positions(self.votes(q_obs, k), self.budget - w)  # [B, H, budget - w]
+        chosen = top_positions(self.votes(q_obs, k), self.budget - w)  # [B, H_kv, budget - w]
         window = torch.arange(length - w, length, device=k.device).expand(*chosen.shape[:2], w)
         return torch.cat([chosen, window], dim=-1)
 

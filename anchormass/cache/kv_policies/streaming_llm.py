@@ -36,5 +36,5 @@ class StreamingLLM(KVPolicy):
             return
         # Slots are chronological and the sinks are never evicted, so they are slots [0, sinks).
         idx = torch.cat([torch.arange(self.sinks), torch.arange(n - (self.budget - self.sinks), n)])
-        idx = idx.to(layer.k.device).expand(layer.batch_size, layer.n_heads, self.budget)
+        idx = idx.to(layer.k.device).expand(layer.batch_size, layer.n_kv_heads, self.budget)
         layer.keep(idx)

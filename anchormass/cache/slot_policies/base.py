@@ -2,7 +2,8 @@
 
 A policy (anchormass/cache/policy.py: a dataclass, budget bound up front, in slots per layer
 and sequence) sees ONE sequence's global slot store, oldest slot first:
-    keys, values [Hg, n, D] (keys post-RoPE), mass [n] (float, every stored slot has mass > 0)
+    keys, values [Hg, n, D] (keys post-RoPE; Hg = the global KV heads, fewer than the global
+    query heads under grouped-query attention), mass [n] (float, every stored slot has mass > 0)
 and returns a store of at most `budget` slots, still chronological. Sinks live elsewhere
 in the cache and never reach a policy. Inputs are never modified in place (they are views
 of the cache's buffers); the cache writes the result back.

@@ -6,6 +6,8 @@ prefill the probe computes SnapKV's vote (same window / pooling / budget as `Sna
 compressing anything; then for every greedily generated token, per layer and head, the prefix
 positions (the prompt minus the observation window) whose attention exceeds `threshold` (0.05)
 are "important", and hit rate = important positions the vote selected / important positions.
+With grouped-query attention the vote selects per KV head, and a query head is scored against
+its KV head's selection (rows of the table stay query heads).
 Counts are summed over generated tokens and prompts (a micro-average per layer and head).
 Prompts of exact lengths: passkey haystacks, windows of a token file at seeded offsets, or seeded
 random ids (random-init demos).
@@ -29,6 +31,7 @@ from anchormass.eval.report import annotated_heatmap, markdown, pct, plt, save_f
 from anchormass.eval.scoring import needs_standard, progress
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.inference import generate
+from anchormass.models.attention_base import repeat_kv
 
 
 @dataclass
@@ -45,14 +48,15 @@ class HitRateProbe(SnapKV):
         prefix = length - self.window
         if q_obs is None or prefix <= 0:
             return  # nothing before the window: no prefix to hit
-        selected = torch.zeros(layer.batch_size, layer.n_heads, prefix, dtype=torch.bool, device=layer.k.device)
+        selected = torch.zeros(layer.batch_size, layer.n_kv_heads, prefix, dtype=torch.bool, device=layer.k.device)
         if length <= self.budget:
             selected[:] = True  # SnapKV would keep the whole prompt
         else:
             chosen = self.select(q_obs, layer.keys())[..., : self.budget - self.window]  # prefix part
             selected.scatter_(2, chosen, True)
-        layer.state["hit_selected"] = selected  # [B, H, prefix]
-        layer.state["hit_hits"] = torch.zeros(layer.batch_size, layer.n_heads, dtype=torch.float64,
+        # [B, H, prefix]: each query head sees its KV head's selection
+        layer.state["hit_selected"] = repeat_kv(selected, q_obs.shape[1] // layer.n_kv_heads)
+        layer.state["hit_hits"] = torch.zeros(layer.batch_size, q_obs.shape[1], dtype=torch.float64,
                                               device=layer.k.device)
         layer.state["hit_important"] = torch.zeros_like(layer.state["hit_hits"])
 

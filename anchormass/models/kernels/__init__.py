@@ -1,7 +1,8 @@
 """Inner attention kernels for the AnchorMass parallel path (docs/method.md §2.4).
 
 An attention module holds one kernel object, chosen from `cfg.attn_impl` when the module is
-built. Every kernel answers the same two questions for post-RoPE q, k, v [B, H, T, D]:
+built. Every kernel answers the same two questions for post-RoPE q [B, H, T, D] and k, v
+[B, H_kv, T, D] (H_kv = H / q_per_kv, grouped-query attention):
 `local_attention` (the sliding-window heads) and `global_attention` (sinks + slots with
 +log(mass) + the query's own block), and gives the same numbers:
   * `block_sdpa.BlockSdpaKernel`: query chunks over SDPA with an additive bias; fwd + bwd anywhere.
@@ -20,10 +21,10 @@ from anchormass.models.config import ModelConfig
 
 class AttentionKernel(Protocol):
     def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Sliding window of `cfg.window` keys, the query included. [B, Hl, T, D] -> [B, Hl, T, D]."""
+        """Sliding window of `cfg.window` keys, the query included. q [B, Hl, T, D] -> [B, Hl, T, D]."""
 
     def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """docs/method.md §2.2 for every position. [B, Hg, T, D] -> [B, Hg, T, D]."""
+        """docs/method.md §2.2 for every position. q [B, Hg, T, D] -> [B, Hg, T, D]."""
 
 
 class AutoKernel:

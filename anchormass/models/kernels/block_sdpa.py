@@ -67,10 +67,12 @@ def _span(parts, bounds: list[tuple[int, int]], a: int, b: int) -> torch.Tensor:
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
                     chunk: int = 256) -> torch.Tensor:
-    """Sliding window (docs/method.md §2.1): query t sees keys max(0, t-window+1)..t. q, k, v: [B, H, T, D]."""
+    """Sliding window (docs/method.md §2.1): query t sees keys max(0, t-window+1)..t. q [B, H, T, D],
+    k, v [B, H_kv, T, D] (H_kv divides H: grouped-query attention)."""
     t = q.shape[2]
+    gqa = is_gqa(q, k)
     if t <= chunk and t <= window:  # the window covers everything: plain causal attention
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     bounds = [(start, min(t, start + chunk)) for start in range(0, t, chunk)]
     sizes = [e - a for a, e in bounds]
     q_parts, k_parts, v_parts = (x.split(sizes, dim=2) for x in (q, k, v))  # [B, H, chunk, D] each
@@ -85,7 +87,8 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
             visible = (kp <= qp) & (kp > qp - window)  # [Tq, Tk]
             masks[key] = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, NEG_INF)
         outs.append(F.scaled_dot_product_attention(q_c, _span(k_parts, bounds, k0, end),
-                                                   _span(v_parts, bounds, k0, end), attn_mask=masks[key]))
+                                                   _span(v_parts, bounds, k0, end), attn_mask=masks[key],
+                                                   enable_gqa=gqa))
     return torch.cat(outs, dim=2)
 
 
@@ -96,7 +99,8 @@ def _slot_counts(bounds: list[tuple[int, int]], n_sinks: int, block_size: int, s
 
 def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
                      chunk: int = 256, recompute: bool = False) -> torch.Tensor:
-    """docs/method.md §2.2 for every position. q, k, v: [B, Hg, T, D] post-RoPE global heads.
+    """docs/method.md §2.2 for every position. q [B, Hg, T, D], k, v [B, Hg_kv, T, D] post-RoPE
+    global heads (Hg_kv divides Hg; stage 1 compresses the KV heads).
 
     Every input is split once into the pieces the chunks use (sinks, per-chunk raw keys, the slots
     that become visible at each chunk), and each chunk concatenates its pieces: backward then adds
@@ -154,8 +158,14 @@ def _global_chunk(q_c, k_sink, v_sink, slot_k, slot_v, k_raw, v_raw, slot_lm, st
     return sdpa_fp32_bias(q_c, keys, vals, bias)
 
 
+def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Fewer key than query heads: SDPA shares KV head j with query heads j*g .. j*g + g - 1."""
+    return q.shape[1] != k.shape[1]
+
+
 def sdpa_fp32_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """SDPA whose additive bias (log(mass), -inf) reaches the scores unrounded.
+    """SDPA whose additive bias (log(mass), -inf) reaches the scores unrounded; k, v may have
+    fewer heads than q (grouped-query attention).
 
     fp32 and fp64 inputs run as they are. Lower-precision inputs are upcast, so scores, bias and
     softmax are all fp32 (the precision FlexAttention computes scores and its score_mod in), and
@@ -164,5 +174,6 @@ def sdpa_fp32_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     dt = q.dtype
     work = dt if dt in (torch.float32, torch.float64) else torch.float32
     with torch.autocast(q.device.type, enabled=False):
-        out = F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=bias.to(work))
+        out = F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=bias.to(work),
+                                             enable_gqa=is_gqa(q, k))
     return out.to(dt)

@@ -19,6 +19,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from anchormass.errors import ConfigError
 from anchormass.models.config import ModelConfig
+from anchormass.models.kernels.block_sdpa import is_gqa
 from anchormass.models.kernels.layout import global_slots
 
 # One compiled graph per sequence length. Evaluation runs many lengths; past the recompile
@@ -101,14 +102,14 @@ class FlexKernel:
     def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check_trainable(q)
         mask = block_mask(local_key(q.shape[2], self.cfg, q.device), self.compiled)
-        return self._attend(q, k, v, block_mask=mask)
+        return self._attend(q, k, v, block_mask=mask, enable_gqa=is_gqa(q, k))
 
     def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check_trainable(q)
         b, _, t, _ = q.shape
         n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, self.cfg)
         n_slots = slot_lm.shape[1]
-        keys = torch.cat([k[:, :, :n_sink], slot_k, k[:, :, n_sink:]], dim=2)  # [B, Hg, T + n_slots, D]
+        keys = torch.cat([k[:, :, :n_sink], slot_k, k[:, :, n_sink:]], dim=2)  # [B, Hg_kv, T + n_slots, D]
         vals = torch.cat([v[:, :, :n_sink], slot_v, v[:, :, n_sink:]], dim=2)
         bias = torch.zeros(b, t + n_slots, device=q.device, dtype=torch.float32)
         bias[:, n_sink:n_sink + n_slots] = slot_lm  # [B, Kn]: log(mass) on slots, 0 on raw keys
@@ -117,4 +118,4 @@ class FlexKernel:
             return score + bias[b_idx, kv_idx]
 
         mask = block_mask(global_key(t, self.cfg, q.device), self.compiled)
-        return self._attend(q, keys, vals, score_mod=score_mod, block_mask=mask)
+        return self._attend(q, keys, vals, score_mod=score_mod, block_mask=mask, enable_gqa=is_gqa(q, k))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from anchormass.models.attention_base import repeat_kv
 from anchormass.models.compression import compress_blocks, group_decisions
 from anchormass.models.rope import apply_rope
 
@@ -51,12 +52,17 @@ def recorded_attention_inputs(model):
 
 
 def layer_qkv(model, recorded) -> list[LayerQKV]:
-    """q, k, v per layer from the recorded attention inputs, as SelfAttention.forward computes them."""
+    """q, k, v per layer from the recorded attention inputs, as SelfAttention.forward computes them.
+
+    With grouped-query attention k and v are copied to the query heads they serve: stage 1 on the
+    copies makes the same decisions and slots as on the KV heads (its rule averages over heads),
+    so the probe reads every query head alike."""
     out = []
     for block, (x, cos, sin) in zip(model.blocks, recorded):
-        attn = block.attn
+        attn, g = block.attn, model.cfg.q_per_kv
+        k = apply_rope(attn.split_heads(attn.k_proj(x)), cos, sin)
         out.append(LayerQKV(apply_rope(attn.split_heads(attn.q_proj(x)), cos, sin),
-                            apply_rope(attn.split_heads(attn.k_proj(x)), cos, sin), attn.split_heads(attn.v_proj(x))))
+                            repeat_kv(k, g), repeat_kv(attn.split_heads(attn.v_proj(x)), g)))
     return out
 
 

@@ -1,0 +1,333 @@
+"""Recall against stored KV bytes for one Standard model's weights, without training (docs/method.md §6 k).
+
+On identical passkey prompts (the passkey suite's trials, needles jittered) every method decodes
+greedily through its own cache and is charged the bytes it stores after the last token:
+- the full cache;
+- AnchorMass made from the same weights (variants.py): `shares` global KV groups per layer,
+  chosen by a measured retrieval score or by index, at each group size, outlier slots on or off;
+  each point carries its measured tokens per global slot (its real merge ratio);
+- our SnapKV, H2O and StreamingLLM (docs/method.md §3) at the per-KV-head token budget whose
+  stored bytes equal each distinct AnchorMass point's;
+- kvpress's presses on the same weights (peer.py), at the compression ratio that keeps as many
+  prompt tokens as our policies do at that point.
+Per method and length: exact match with its Wilson interval, digits, exact McNemar against the full
+cache on the same trials, and for a press that is ours under another implementation, the per-item
+agreement of the two. Finished rows are appended to `<work_dir>/rows.jsonl` as they finish, so an
+interrupted run continues where it stopped (a row is reused only under the same settings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from anchormass.cache.kv_policies import POLICIES as KV_POLICIES
+from anchormass.errors import ConfigError
+from anchormass.eval.items import passkey_setup, score_answer
+from anchormass.eval.report import KIB, fmt_p, markdown, mcnemar_exact, plt, save_figure, wilson_interval
+from anchormass.eval.scoring import matched_budget, progress, session_decode, standard_bytes_per_token
+from anchormass.eval.suite import EvalContext, Suite
+from anchormass.eval.suites.kv_frontier import peer
+from anchormass.eval.suites.kv_frontier.variants import (
+    SELECTIONS,
+    Variant,
+    build_variant,
+    chosen_groups,
+    retrieval_scores,
+)
+from anchormass.utils import resolve_path
+
+FULL = "standard/full"
+
+
+class KvFrontierSuite(Suite):
+    name = "kv_frontier"
+    needs_tokenizer = True
+
+    def applies(self, ctx: EvalContext) -> str | None:
+        archs = [m.arch for m in ctx.models]
+        return None if archs == ["standard"] else f"kv_frontier studies one Standard model's weights; got {archs}"
+
+    # ------------------------------------------------------------------ config
+    def check(self, ctx: EvalContext) -> None:
+        super().check(ctx)
+        why = self.applies(ctx)
+        if why:
+            raise ConfigError(f"kv_frontier: {why}")
+        self.model = ctx.models[0]
+        cfg = self.model.config
+        self.lengths = [int(x) for x in self.opt("lengths", [1024])]
+        self.hay, trials, self.new_tokens = passkey_setup(self.name, dict(self.opt("passkey") or {}), ctx,
+                                                          self.lengths)
+        self.trials = {L: [t for t in trials if t.length == L] for L in self.lengths}
+        self.batch_size = int(self.opt("batch_size", 5))
+        self.chunk = int(self.opt("chunk", cfg.prefill_chunk))
+        am = dict(self.opt("anchormass") or {})
+        shares = [int(s) for s in am.get("shares", [1])]
+        selections = [str(s) for s in am.get("selections", list(SELECTIONS))]
+        if any(not 1 <= s <= cfg.kv_heads for s in shares) or any(s not in SELECTIONS for s in selections):
+            raise ConfigError(f"kv_frontier.anchormass: shares must lie in [1, {cfg.kv_heads}] (KV groups per layer) "
+                              f"and selections in {SELECTIONS}; got {shares}, {selections}")
+        self.variants = [Variant(share, sel, int(g), bool(o)) for share in shares for sel in selections
+                         for g in am.get("group_sizes", [1, 2, 4, 8]) for o in am.get("outliers", [True])]
+        self.variants += [Variant(share, sel, int(g), False) for share in shares for sel in selections
+                          for g in am.get("no_outlier_group_sizes", [])]
+        labels = {v.label for v in self.variants}
+        self.baseline_levels = self.opt("baseline_levels")  # None: every distinct AnchorMass byte level
+        if self.baseline_levels is not None and not set(self.baseline_levels) <= labels:
+            raise ConfigError(f"kv_frontier.baseline_levels: {sorted(set(self.baseline_levels) - labels)} are not "
+                              f"AnchorMass cells of this run ({sorted(labels)})")
+        self.kv_policies = {}
+        for name in self.opt("kv_policies", list(KV_POLICIES)):
+            if name not in KV_POLICIES:
+                raise ConfigError(f"kv_frontier.kv_policies: unknown {name!r}; choose from {sorted(KV_POLICIES)}")
+            self.kv_policies[name] = KV_POLICIES[name](**dict((self.opt("policy_args") or {}).get(name) or {}))
+        probe = dict(self.opt("probe") or {})
+        self.probe_hay, self.probe_trials, _ = passkey_setup(
+            f"{self.name}.probe", {**dict(self.opt("passkey") or {}), **probe}, ctx, [int(probe.get("length", 1024))])
+        kvp = dict(self.opt("kvpress") or {})
+        self.kvpress_python = peer.check_python(kvp["python"]) if kvp.get("python") else None
+        self.presses = list(kvp.get("presses", []))
+        self.pairs = dict(kvp.get("pairs", {}))  # press class -> our policy it implements
+        self.work = resolve_path(self.opt("work_dir") or f"runs/kv_frontier/{(self.model.sha256 or 'random')[:12]}")
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.settings_key = hashlib.sha256(json.dumps(
+            {"model": self.model.sha256, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
+             "chunk": self.chunk, "policy_args": self.opt("policy_args"), "probe": probe},
+            sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------------ journal of finished rows
+    def _journal(self) -> dict[str, dict]:
+        path = self.work / "rows.jsonl"
+        rows = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill: that row is simply run again
+                if entry.get("settings") == self.settings_key:
+                    rows[entry["key"]] = entry["row"]
+        return rows
+
+    def _append(self, key: str, row: dict) -> None:
+        with open(self.work / "rows.jsonl", "a") as f:
+            f.write(json.dumps({"settings": self.settings_key, "key": key, "row": row}) + "\n")
+            f.flush()
+
+    # ------------------------------------------------------------------ running
+    def _ours(self, model, length: int, policy=None, budget=None) -> dict:
+        """Greedy answers of every trial of `length` through `model`'s cache: outcomes and bytes."""
+        tok, trials = self.hay.tok, self.trials[length]
+        outcomes, stored, ratios = [], [], []
+        device = next(model.parameters()).device
+        for s in range(0, len(trials), self.batch_size):
+            batch = trials[s:s + self.batch_size]
+            ids = torch.tensor([self.hay.build(t) for t in batch], dtype=torch.long, device=device)
+            new, kv = session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
+                                     vocab_limit=tok.vocab_size)
+            for t, row in zip(batch, new.tolist()):
+                outcomes.append({"ids": row, **score_answer(tok.decode(row), t.key)})
+            stored.append(kv.stored_end / len(batch))
+            if kv.tokens_per_slot is not None:
+                ratios.append(kv.tokens_per_slot)
+        return {"outcomes": outcomes, "stored": float(np.mean(stored)),
+                "tokens_per_slot": float(np.mean(ratios)) if ratios else None}
+
+    def _row(self, length: int, method: str, level: str, res: dict, **extra) -> dict:
+        exact = [bool(o["exact"]) for o in res["outcomes"]]
+        return {"length": length, "method": method, "level": level, "stored": res["stored"],
+                "tokens_per_slot": res.get("tokens_per_slot"), "k": sum(exact), "n": len(exact),
+                "exact": exact, "digits": [int(o["digits"]) for o in res["outcomes"]],
+                "answers": [o["ids"] for o in res["outcomes"]], **extra}
+
+    def run(self, ctx: EvalContext) -> dict:
+        std = self.model.model
+        per_token = standard_bytes_per_token(std)
+        done = self._journal()
+        fed = max(0, self.new_tokens - 1)  # tokens fed after the prefill (the last answer token is not)
+
+        def once(key: str, make) -> dict:
+            if key not in done:
+                done[key] = make()
+                self._append(key, done[key])
+            return done[key]
+
+        scores = torch.tensor(once("probe", lambda: {"scores": retrieval_scores(
+            std, [self.probe_hay.build(t) for t in self.probe_trials],
+            [self.probe_hay.needle_span(t) for t in self.probe_trials]).tolist()})["scores"])
+        rows: list[dict] = []
+        cells = [(L, v) for L in self.lengths for v in [None, *self.variants]]
+        for L, variant in progress(cells, ctx.progress, "kv frontier"):
+            if variant is None:
+                rows.append(once(f"{L}/{FULL}", lambda: self._row(L, FULL, "full", self._ours(std, L))))
+                continue
+            groups = chosen_groups(scores, variant.share, variant.selection)
+
+            def run_variant():
+                model = build_variant(std, variant, groups)
+                return self._row(L, variant.label, variant.label, self._ours(model, L), groups=groups)
+
+            rows.append(once(f"{L}/{variant.label}", run_variant))
+        # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
+        levels: dict[tuple, dict] = {}
+        for r in rows:
+            v = next((v for v in self.variants if v.label == r["method"]), None)
+            if v is not None and (self.baseline_levels is None or v.label in self.baseline_levels):
+                levels.setdefault((r["length"], v.bytes_key), r)
+        press_specs, press_rows = [], []
+        for (L, _), ref in progress(list(levels.items()), ctx.progress, "kv frontier baselines"):
+            target = ref["stored"] / per_token  # tokens per KV head that cost the same bytes
+            for name, policy in self.kv_policies.items():
+                budget, note = matched_budget(policy, target, fed)
+                rows.append(once(f"{L}/{ref['level']}/{name}", lambda: self._row(
+                    L, f"ours/{name}", ref["level"], self._ours(std, L, policy, budget), budget=budget, note=note)))
+            kept = max(1, round(target) - fed)  # kvpress keeps int(L * (1 - ratio)) prompt tokens
+            for press in self.presses:
+                label = f"{L}/{ref['level']}/kvpress/{press['press']}"
+                if label in done:
+                    rows.append(done[label])
+                    continue
+                spec = {"label": label, "press": press["press"],
+                        "kwargs": {**press.get("kwargs", {}), "compression_ratio": (L - kept - 0.5) / L}}
+                press_specs.append(spec)
+                press_rows.append((label, L, ref["level"], kept))
+        if press_specs and self.kvpress_python is not None:
+            rows += self._kvpress(ctx, press_specs, press_rows, per_token, done)
+        summary = {f"L{r['length']}/{r['level']}/{r['method']}": r["k"] / r["n"] for r in rows if r["n"]}
+        return {"settings": {"lengths": self.lengths, "new_tokens": self.new_tokens, "passkey_trials":
+                             len(self.trials[self.lengths[0]]), "standard_bytes_per_token": per_token,
+                             "model": self.model.label, "sha256": self.model.sha256, "pairs": self.pairs,
+                             "retrieval_scores": scores.tolist(), "chunk": self.chunk,
+                             "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5"},
+                "rows": rows, "summary": summary}
+
+    def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
+        folder = peer.export_folder(self.model.model, ctx.tokenizer.special_ids(), self.work)
+        lengths = sorted({L for _, L, _, _ in wanted})
+        items = [{"id": f"{L}/{i}", "prompt_ids": self.hay.build(t)} for L in lengths
+                 for i, t in enumerate(self.trials[L])]
+        answers = peer.answer(self.kvpress_python, folder, specs, items, self.new_tokens, self.work)
+        tok, rows = self.hay.tok, []
+        for label, L, level, kept in wanted:
+            got = answers[label]
+            outcomes = []
+            for i, t in enumerate(self.trials[L]):
+                a = got[f"{L}/{i}"]
+                outcomes.append({"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)})
+            kept_tokens = [a["kept"] for a in got.values() if a is not None and "kept" in a]
+            stored = float(np.mean([a["stored_bytes"] for a in got.values()])) + (self.new_tokens - 1) * per_token
+            row = self._row(L, f"kvpress/{label.rsplit('/', 1)[1]}", level, {"outcomes": outcomes, "stored": stored},
+                            kept=int(np.mean([np.mean(k) for k in kept_tokens])), budget=kept)
+            done[label] = row
+            self._append(label, row)
+            rows.append(row)
+        return rows
+
+    # ------------------------------------------------------------------ results
+    def report(self, result: dict) -> str:
+        return report_markdown(result)
+
+    def plots(self, result: dict, out_dir: Path) -> list[str]:
+        return [frontier_plot(result["rows"], Path(out_dir) / "kv_frontier.png")]
+
+
+def _stats(rows: list[dict]) -> list[dict]:
+    """Each row with its Wilson interval and exact McNemar against the full cache at its length."""
+    full = {r["length"]: r for r in rows if r["method"] == FULL}
+    out = []
+    for r in rows:
+        lo, hi = wilson_interval(r["k"], r["n"])
+        ref = full.get(r["length"])
+        test = mcnemar_exact(ref["exact"], r["exact"]) if ref is not None and r is not ref else None
+        out.append({**r, "ci": [lo, hi], "mcnemar_vs_full": test})
+    return out
+
+
+def agreement(rows: list[dict], pairs: dict[str, str]) -> list[list]:
+    """Per length and level, for each press that implements one of our policies: items with the same
+    answer ids, and with the same exact outcome, out of n."""
+    table = []
+    index = {(r["length"], r["level"], r["method"]): r for r in rows}
+    for (L, level, method), r in sorted(index.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        if not method.startswith("kvpress/") or method.split("/")[1] not in pairs:
+            continue
+        ours = index.get((L, level, f"ours/{pairs[method.split('/')[1]]}"))
+        if ours is None:
+            continue
+        same_ids = sum(a == b for a, b in zip(r["answers"], ours["answers"]))
+        same_exact = sum(a == b for a, b in zip(r["exact"], ours["exact"]))
+        table.append([f"{L:,}", level, f"{method} vs {ours['method']}", f"{same_ids}/{r['n']}",
+                      f"{same_exact}/{r['n']}", f"{r.get('kept', '-')} vs {ours.get('budget', '-')}"])
+    return table
+
+
+def report_markdown(result: dict) -> str:
+    s = result["settings"]
+    rows = _stats(result["rows"])
+    text = ["## Recall against stored KV bytes on one model's weights (training-free)\n"]
+    for L in s["lengths"]:
+        at = sorted((r for r in rows if r["length"] == L), key=lambda r: (r["level"] != "full", r["level"],
+                                                                         r["method"]))
+        body = []
+        for r in at:
+            ratio = "-" if r.get("tokens_per_slot") is None else f"{r['tokens_per_slot']:.2f}"
+            test = r["mcnemar_vs_full"]
+            body.append([r["level"], r["method"], f"{r['stored'] / KIB:,.1f}", ratio,
+                         f"{r['k']}/{r['n']} [{100 * r['ci'][0]:.0f}%, {100 * r['ci'][1]:.0f}%]",
+                         f"{np.mean(r['digits']):.2f}", "-" if test is None else fmt_p(test["p"]),
+                         r.get("budget", "-") if r.get("budget") is not None else "-"])
+        text.append(f"### {L:,} tokens\n\n" + markdown(
+            ["level", "method", "stored KiB / seq", "tokens per global slot", "passkey exact [95% CI]",
+             "digits (of 4)", "McNemar p vs full", "prompt tokens kept / KV head"], body))
+    pairs = agreement(rows, s.get("pairs") or {})
+    if pairs:
+        text.append("### Agreement with kvpress, item by item\n\n" + markdown(
+            ["length", "level", "press vs ours", "same answer ids", "same exact outcome",
+             "tokens kept (press vs ours)"], pairs))
+    text.append(f"{s['passkey_trials']} passkey trials per length (5 depths x 3 keys, needles jittered inside the "
+                f"64-token block), greedy, {s['new_tokens']} new tokens; stored = keys, values (and AnchorMass's "
+                f"slot masses) kept after the last token, per sequence; a Standard token costs "
+                f"{s['standard_bytes_per_token']:,} B. A level is an AnchorMass cell (am/<selection><global groups "
+                f"per layer>/g<group size>); the other methods keep the bytes that cell stored. Tokens per global "
+                f"slot is the cell's measured merge ratio. CI: Wilson 95%; McNemar: exact, two-sided, against the "
+                f"full cache on the same trials.\n")
+    return "\n".join(text)
+
+
+def frontier_plot(rows: list[dict], path: Path) -> str:
+    """Passkey exact (y) against stored KiB (x, log), one panel per length; AnchorMass cells as
+    circles labelled by their tokens per slot, baselines as lines across levels, the full cache a star."""
+    lengths = sorted({r["length"] for r in rows})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.6 * len(lengths), 4.0), squeeze=False)
+    families = sorted({r["method"] for r in rows if not r["method"].startswith("am/") and r["method"] != FULL})
+    colour = {m: f"C{i % 10}" for i, m in enumerate(families)}
+    for ax, L in zip(axes[0], lengths):
+        at = [r for r in rows if r["length"] == L]
+        for m in families:
+            pts = sorted((r["stored"] / KIB, r["k"] / r["n"]) for r in at if r["method"] == m)
+            if pts:
+                ax.plot(*zip(*pts), marker="s", ms=4, ls="--", color=colour[m], label=m)
+        for r in at:
+            if r["method"].startswith("am/"):
+                x, y = r["stored"] / KIB, r["k"] / r["n"]
+                ax.plot(x, y, marker="o", ms=6, ls="none", color="k" if "retrieval" in r["method"] else "grey")
+                if r.get("tokens_per_slot"):
+                    ax.annotate(f"{r['tokens_per_slot']:.1f}:1", (x, y), fontsize=6, xytext=(3, 3),
+                                textcoords="offset points")
+            elif r["method"] == FULL:
+                ax.plot(r["stored"] / KIB, r["k"] / r["n"], marker="*", ms=12, ls="none", color="C3", label=FULL)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{L:,} tokens (black: retrieval-chosen, grey: by index)", fontsize=8)
+        ax.set_xlabel("stored KV per sequence (KiB, log)")
+    axes[0][0].set_ylabel("passkey exact match")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, max(1, len(labels))), fontsize=7)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return save_figure(fig, path)

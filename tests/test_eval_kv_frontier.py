@@ -1,0 +1,107 @@
+"""suite=kv_frontier: training-free methods on one Standard model's weights at equal stored bytes,
+AnchorMass variants made from those weights (global KV groups by retrieval score or by index), the
+measured merge ratio, and a rerun that continues from the finished rows."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _gqa_helpers import gqa_config
+from _passkey_helpers import passkey_tokenizer
+
+from anchormass.eval.runner import run_evaluation
+from anchormass.eval.suite import EvalModel
+from anchormass.eval.suites.kv_frontier.variants import Variant, build_variant, chosen_groups
+from anchormass.models import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CFG = {"lengths": [256], "batch_size": 2, "chunk": 128,
+       "passkey": {"lang": "en", "filler": "classic_en", "depths": [0.2, 0.8], "seeds": [0], "new_tokens": 4},
+       "probe": {"length": 192, "seeds": [100]},
+       "anchormass": {"shares": [1, 2], "selections": ["retrieval", "index"], "group_sizes": [1, 8],
+                      "outliers": [True], "no_outlier_group_sizes": [8]},
+       "kv_policies": ["snapkv", "h2o", "streaming_llm"],
+       "policy_args": {"snapkv": {"window": 8, "kernel": 5, "pooling": "avg"}}}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    tok = passkey_tokenizer(tmp_path_factory.mktemp("kv_frontier"))
+    torch.manual_seed(0)
+    model = build_model(gqa_config("standard", vocab_size=400)).eval()
+    return tok, EvalModel("standard_gqa", model, model.cfg, "random-init")
+
+
+def test_anchormass_from_a_standards_weights_keeps_its_tensors_and_reorders_whole_groups(assets):
+    _, m = assets
+    scores = torch.tensor([[0.1, 0.9, 0.3, 0.2], [0.5, 0.1, 0.4, 0.8]])
+    assert chosen_groups(scores, 2, "retrieval") == [[1, 2], [0, 3]]
+    assert chosen_groups(scores, 1, "index") == [[3], [3]]
+    am = build_variant(m.model, Variant(1, "retrieval", 8, True), chosen_groups(scores, 1, "retrieval"))
+    assert am.cfg.arch == "anchormass" and am.cfg.n_global_heads == 2 and am.cfg.group_size == 8
+    k_std, k_am = m.model.blocks[0].attn.k_proj.weight, am.blocks[0].attn.k_proj.weight
+    rows = m.model.cfg.head_dim
+    assert torch.equal(k_am[-rows:], k_std[rows:2 * rows])  # layer 0's group 1 (the top score) is now last
+    assert sum(p.numel() for p in am.parameters()) == sum(p.numel() for p in m.model.parameters())
+
+
+def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(tmp_path, assets):
+    tok, m = assets
+    work = tmp_path / "work"
+    cfg = {"suite": "kv_frontier", "out_dir": str(tmp_path / "out"), "progress": False,
+           "eval": {"kv_frontier": {**CFG, "work_dir": str(work)}}}
+    out = run_evaluation(cfg, models=[m], tokenizer=tok)
+    res = json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]
+    rows = res["rows"]
+    cells = {r["method"] for r in rows if r["method"].startswith("am/")}
+    assert len(cells) == 2 * 2 * 3  # shares x selections x (g1, g8, g8 without outliers)
+    assert all(r["n"] == 2 for r in rows)
+    full = next(r for r in rows if r["method"] == "standard/full")
+    by = {r["method"]: r for r in rows if r["method"].startswith("am/")}
+    # the measured merge ratio: lossless at g1; at g8 between 4 (an outlier in every group) and 8
+    assert by["am/retrieval1/g1"]["tokens_per_slot"] == pytest.approx(1.0)
+    assert 4.0 <= by["am/retrieval1/g8"]["tokens_per_slot"] <= 8.0
+    assert by["am/retrieval1/g8/no-out"]["tokens_per_slot"] == pytest.approx(8.0)
+    assert by["am/retrieval1/g8"]["stored"] < by["am/retrieval1/g1"]["stored"] < full["stored"]
+    # each distinct byte level (share, g, outliers) gets every KV policy at its bytes, once
+    levels = {r["level"] for r in rows if r["method"].startswith("ours/")}
+    assert len(levels) == 2 * 3 and all(level.startswith("am/retrieval") for level in levels)
+    for r in rows:
+        if r["method"].startswith("ours/") and not r.get("note"):
+            ref = by[r["level"]]
+            assert abs(r["stored"] / ref["stored"] - 1) <= 0.1, (r["method"], r["stored"], ref["stored"])
+    text = (out / "report.md").read_text()
+    assert "### 256 tokens" in text and "tokens per global slot" in text
+    # a rerun continues: every row comes from the journal, nothing is decoded again
+    lines = (work / "rows.jsonl").read_text().splitlines()
+    out2 = run_evaluation({**cfg, "out_dir": str(tmp_path / "out2")}, models=[m], tokenizer=tok)
+    again = json.loads((out2 / "results.json").read_text())["suites"]["kv_frontier"]["rows"]
+    assert (work / "rows.jsonl").read_text().splitlines() == lines
+    assert [r["answers"] for r in again] == [r["answers"] for r in rows]
+
+
+KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not KVPRESS_PYTHON.is_file(), reason="needs kvpress's own environment (make kvpress-env)")
+def test_kvpress_answers_the_same_prompts_and_its_snapkv_agrees_with_ours(tmp_path, assets):
+    """kvpress's SnapKV with our SnapKV's settings keeps as many prompt tokens and answers the same
+    trials; the report pairs them item by item."""
+    tok, m = assets
+    kvp = {"python": str(KVPRESS_PYTHON), "pairs": {"SnapKVPress": "snapkv"},
+           "presses": [{"press": "SnapKVPress", "kwargs": {"window_size": 8, "kernel_size": 5}}]}
+    cfg = {**CFG, "anchormass": {**CFG["anchormass"], "shares": [1], "selections": ["retrieval"],
+                                 "no_outlier_group_sizes": []}, "kv_policies": ["snapkv"], "kvpress": kvp,
+           "work_dir": str(tmp_path / "work")}
+    out = run_evaluation({"suite": "kv_frontier", "out_dir": str(tmp_path / "out"), "progress": False,
+                          "eval": {"kv_frontier": cfg}}, models=[m], tokenizer=tok)
+    rows = json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]["rows"]
+    for level in ("am/retrieval1/g1", "am/retrieval1/g8"):
+        ours = next(r for r in rows if r["level"] == level and r["method"] == "ours/snapkv")
+        press = next(r for r in rows if r["level"] == level and r["method"] == "kvpress/SnapKVPress")
+        assert press["kept"] == ours["budget"]  # the same prompt tokens per KV head
+        assert press["answers"] == ours["answers"]
+    assert "Agreement with kvpress" in (out / "report.md").read_text()
