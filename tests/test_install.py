@@ -6,7 +6,8 @@ another folder after the prepared data is gone (the checkpoint carries its token
 
 Its dependencies come from wherever pip is configured to take them: the package registry (CI has
 access), with torch's CPU build from a local folder where pip is pointed at one (this machine:
-/opt/wheels). So the test needs the registry: `slow`, ~100 s on 2 cores, ~50 s of it pip."""
+/opt/wheels). So the test needs the registry: `slow`; 89 s on the shared 2-core machine at load 4.5
+with pip's cache warm (249 s at load 6 with it cold), ~50 s of it pip."""
 
 from __future__ import annotations
 
