@@ -125,6 +125,9 @@ def check_group_choices(config_dir, argv: list[str]) -> None:
             if not any((group / f"{option}.yaml").is_file() for group in groups):
                 known = ", ".join(sorted({p.stem for group in groups for p in group.glob("*.yaml")}))
                 raise ConfigError(f"unknown {key} '{option}'; choose one of: {known}")
+    from anchormass.extras import check_choices
+
+    check_choices(argv)  # a known choice whose plugin or library is not installed
 
 
 def composed_variants(argv: list[str]) -> list[list[str]]:

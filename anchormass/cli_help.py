@@ -37,7 +37,9 @@ def options(config_name: str) -> list[str]:
 
 def render(script: str, doc: str, groups: list[str], config_name: str | None = None,
            choices: dict[str, list[str]] | None = None) -> str:
-    lines = [(doc or "").strip(), ""]
+    from anchormass.command_names import for_this_install
+
+    lines = [for_this_install((doc or "").strip()), ""]
     listed = {**{g: presets(g) for g in groups}, **(choices or {})}
     if listed:
         lines.append("Choices (key=choice):")

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from anchormass.errors import ConfigError
-from anchormass.utils import REPO_ROOT
+from anchormass.utils import resolve_path
 
-DATA_ROOT = REPO_ROOT / "data"
+DATA_ROOT = Path("data")  # relative: taken from the folder a command runs in (utils.resolve_path)
 
 
 def check_folder_name(name: Any, what: str) -> str:
@@ -34,12 +34,12 @@ def check_folder_name(name: Any, what: str) -> str:
 
 def check_data_out_dir(out_dir: Any, what: str = "data.out_dir") -> Path:
     """A data config's out_dir: relative ones inside data/, none with '..'. Returns it resolved
-    against the checkout (utils.resolve_path)."""
+    by utils.resolve_path."""
     path = Path(str(out_dir)).expanduser()
     if ".." in path.parts or (not path.is_absolute() and path.parts[:1] != (DATA_ROOT.name,)):
         raise ConfigError(f"{what}={out_dir} points outside the data root: give a folder under "
                           f"{DATA_ROOT.name}/ (or an absolute path without '..')")
-    return path if path.is_absolute() else REPO_ROOT / path
+    return resolve_path(path)
 
 
 def _entry_names(raw: Any, key_of) -> list[str]:

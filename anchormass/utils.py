@@ -1,6 +1,6 @@
 """Small helpers every part of the package shares; this module imports only `anchormass.errors`.
 
-- where the configs are and where relative paths go (`CONFIG_ROOT`, `REPO_ROOT`, `CHECKOUT`),
+- where the configs are (`CONFIG_ROOT`, `CHECKOUT`) and the one rule for relative paths (`resolve_path`),
 - atomic file writes: a reader never sees a half-written token file, checkpoint, report or sidecar
   (temp file in the destination folder, fsync, then `os.replace`, which is atomic on one filesystem);
   a full disk (ENOSPC) is one line naming the path and the space needed, the temp file removed and
@@ -34,9 +34,6 @@ def find_checkout() -> Path | None:
 
 
 CHECKOUT = find_checkout()
-# Relative paths (data/<name>, runs/...) are taken from here: the checkout's root, or, for an
-# installed package, the folder the command was started in (never site-packages).
-REPO_ROOT = CHECKOUT or Path.cwd()
 # One source of truth: the checkout's configs/, which the wheel ships as anchormass/configs/
 # (setup.py maps the folder into the package). A real folder either way, as Hydra needs.
 CONFIG_ROOT = (CHECKOUT / "configs" if CHECKOUT is not None
@@ -44,9 +41,11 @@ CONFIG_ROOT = (CHECKOUT / "configs" if CHECKOUT is not None
 
 
 def resolve_path(path: str | os.PathLike) -> Path:
-    """An absolute path as given; a relative one is taken from `REPO_ROOT`."""
+    """The one rule for a relative path, in every command, checkout or installed: it is taken from
+    the folder the command runs in (as Hydra takes runs/...), read when the path is resolved;
+    an absolute path is kept as given."""
     p = Path(path).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else Path.cwd() / p
 
 
 def current_umask() -> int:

@@ -21,6 +21,7 @@ from anchormass.errors import CheckpointError, ConfigError, DataError  # noqa: E
 from anchormass.hf.import_checkpoint import CHECKPOINT_FILE, IMPORT_FILE, TOKENIZER_DIR, import_llama  # noqa: E402
 from anchormass.inference.generate import generate  # noqa: E402
 from anchormass.training.checkpoint import load_model, read_checkpoint  # noqa: E402
+from anchormass.training.checkpoint_tokenizer import from_carried
 
 from _hf_helpers import (  # noqa: E402
     CHAT_TEMPLATE,
@@ -139,6 +140,8 @@ def test_checkpoint_holds_plain_values_only(imported):
     _, out, _ = imported
     ckpt = read_checkpoint(out / CHECKPOINT_FILE)
     json.dumps(ckpt["hyper_parameters"])  # plain values: no DictConfig, Path or numpy
+    hp = ckpt["hyper_parameters"]  # and it carries its tokenizer (training/checkpoint_tokenizer.py)
+    assert from_carried(hp["tokenizer_files"]).checksum == hp["tokenizer_checksum"]
     assert all(isinstance(v, torch.Tensor) for v in ckpt["state_dict"].values())
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from anchormass.errors import AnchorMassError
-from anchormass.utils import CONFIG_ROOT, REPO_ROOT
+from anchormass.utils import CHECKOUT, CONFIG_ROOT
 
 
 @dataclass(frozen=True)
@@ -416,7 +416,7 @@ def test_hostile_input(case, tmp_path, monkeypatch, capsys):
 
 def test_the_architecture_page_lists_every_input_read_from_elsewhere():
     """docs/architecture.md's list of inputs names the files the project reads back (46.9)."""
-    page = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    page = (CHECKOUT / "docs" / "architecture.md").read_text(encoding="utf-8")
     inputs = page[page.index("## Inputs read from elsewhere"):]
     for name in ("optuna_study.jsonl", "stage_args.json", ".hydra/overrides.yaml"):
         assert name in inputs, name

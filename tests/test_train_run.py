@@ -14,6 +14,7 @@ from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.checkpoint import load_model, read_checkpoint
+from anchormass.training.checkpoint_tokenizer import from_carried
 from anchormass.training.run import check_same_architecture, train
 
 from _train_helpers import FAST, compose_train, stage_data
@@ -84,6 +85,9 @@ def test_each_stage_trains_both_models(stage, data, tmp_path):
         length = 256 if stage.startswith("longctx") else 64
         assert hp["trained_lengths"] == [length] and hp["model_config"]["original_max_len"] == length
         assert hp["tokenizer_path"].endswith("tokenizer.model") and hp["data_fingerprint"]
+        # the checkpoint carries the tokenizer itself, and its path is absolute (checkpoint_tokenizer.py)
+        assert Path(hp["tokenizer_path"]).is_absolute() and from_carried(hp["tokenizer_files"]).model_bytes == \
+            Path(hp["tokenizer_path"]).read_bytes()
         assert hp["tokenizer_checksum"] == json.loads((stage_data(stage, data) / "meta.json").read_text())[
             "tokenizer_checksum"]
         logits = loaded(torch.zeros(1, 8, dtype=torch.long))

@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 from anchormass.errors import DataError
-from anchormass.utils import REPO_ROOT, atomic_write_json, atomic_write_text
+from anchormass.utils import CHECKOUT, atomic_write_json, atomic_write_text
 
-SHARED = REPO_ROOT.parent / "shared" / "data"
+# a benchmark of the checkout (scripts/bench_data.py): its corpora lie beside it
+SOURCE_ROOT = CHECKOUT or Path.cwd()
+SHARED = SOURCE_ROOT.parent / "shared" / "data"
 AOZORA = SHARED / "aozora" / "wagahai_wa_neko_de_aru.txt"
 JSQUAD = SHARED / "jglue" / "jsquad-v1.3" / "valid-v1.3.json"
 
@@ -110,8 +112,8 @@ def run_all(folder: Path, min_mb: float = 100.0, workers: tuple[int, ...] = (1, 
     runs = []
     for n in workers:
         cmd = [sys.executable, "-m", "anchormass.bench.data_prep", str(folder), str(tokenizer), str(n)]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT,
-                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_ROOT,
+                             env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)})
         if res.returncode != 0:
             raise DataError(f"the {n}-worker run failed: {res.stderr.strip().splitlines()[-1:]}")
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))

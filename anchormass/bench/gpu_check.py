@@ -38,7 +38,7 @@ from anchormass.bench import targets
 from anchormass.bench.report import markdown_table
 from anchormass.cli import check_overrides, exit_on_error
 from anchormass.errors import ConfigError
-from anchormass.utils import CONFIG_ROOT, REPO_ROOT, atomic_write_json, atomic_write_text
+from anchormass.utils import CHECKOUT, CONFIG_ROOT, atomic_write_json, atomic_write_text, resolve_path
 
 K = 1024
 GiB, MiB = 2**30, 2**20
@@ -141,7 +141,8 @@ class Run:
             env = {**os.environ, "ANCHORMASS_GPU_RECORD": str(record)}
             cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *self.sizes.test_paths]
             try:
-                proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                proc = subprocess.run(cmd, cwd=CHECKOUT,  # the checkout's tests
+                                      env=env, capture_output=True, text=True,
                                       timeout=self.sizes.test_timeout_s)
                 summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
                 failed = proc.returncode not in (0, 5)  # 5: nothing collected
@@ -288,7 +289,7 @@ def run_check(args: DictConfig) -> int:
         run.add("run", "-", "STOPPED", "terminated (time limit)")
     text = run.table()
     print(text, flush=True)
-    out = Path(args.out) if args.out else REPO_ROOT / "outputs" / "gpu_check"
+    out = Path(args.out) if args.out else resolve_path("outputs/gpu_check")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.md", text)
     atomic_write_json(out / "rows.json", {"rows": run.rows, "records": run.records})

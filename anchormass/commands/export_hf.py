@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.command_names import command
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
@@ -23,7 +24,11 @@ from anchormass.utils import CONFIG_ROOT
 def run(cfg: DictConfig) -> None:
     for key in ("ckpt", "out"):
         if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required (python scripts/export_hf.py ckpt=<path.ckpt> out=<dir>)")
+            raise ConfigError(f"{key}=<path> is required ({command('scripts/export_hf.py')} ckpt=<path.ckpt> "
+                              f"out=<dir>)")
+    from anchormass.extras import require
+
+    require("hf", "export")  # before the checkpoint loads
     from anchormass.hf.export import export_checkpoint
     from anchormass.hf.provenance import PROVENANCE_FILE
 

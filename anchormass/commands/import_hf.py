@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.command_names import command
 from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
@@ -27,7 +28,10 @@ def run(cfg: DictConfig) -> None:
     for key in ("src", "out"):
         if not cfg.get(key):
             raise ConfigError(f"{key}=<path> is required "
-                              f"(python scripts/import_hf.py src=<folder|file.gguf> out=<dir>)")
+                              f"({command('scripts/import_hf.py')} src=<folder|file.gguf> out=<dir>)")
+    from anchormass.extras import require
+
+    require("hf", "import", ["transformers", "safetensors", "tokenizers", "gguf"])  # before anything is read
     from anchormass.hf.import_checkpoint import import_llama
 
     groups = cfg.get("global_groups")

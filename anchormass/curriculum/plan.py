@@ -29,7 +29,7 @@ from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
 from anchormass.training.run import ACROSS_ARCH_FIELDS, ARCH_FIELDS
-from anchormass.utils import CONFIG_ROOT, REPO_ROOT
+from anchormass.utils import CONFIG_ROOT, resolve_path
 
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
 # The model fields that shape its tensors: a checkpoint seeds another model only if they agree.
@@ -240,7 +240,7 @@ def datasets(recipe: Recipe) -> list[tuple[list[str], Path]]:
                               f"(no {DATA_CONFIG_DIR / f'{s.data}.yaml'})")
         data = OmegaConf.merge(compose_file(s.data, DATA_CONFIG_DIR, "data"),
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in data_overrides(s)]))
-        folder = REPO_ROOT / str(data.get("out_dir") or f"data/{data.name}")
+        folder = resolve_path(str(data.get("out_dir") or f"data/{data.name}"))
         out.setdefault(folder, [f"data={s.data}", *data_overrides(s)])
         kinds.setdefault(folder, str(data.get("kind", "pretrain")))
     return sorted(((args, folder) for folder, args in out.items()), key=lambda item: kinds[item[1]] != "pretrain")

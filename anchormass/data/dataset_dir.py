@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from anchormass.command_names import command
 from anchormass.data.token_file import open_tokens, read_sidecar, verify_token_file
 from anchormass.data.tokenizer_base import TokenizerBase
 from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
@@ -42,7 +43,7 @@ def read_metadata(data_dir: str | Path) -> dict[str, Any]:
     path = resolve_path(data_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{resolve_path(data_dir)} is not a prepared dataset (no meta.json); "
-                        f"run scripts/prepare_data.py first")
+                        f"run {command('scripts/prepare_data.py')} first")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

@@ -48,6 +48,9 @@ class HFTokenizer(TokenizerBase):
     file_name = "tokenizer"
 
     def __init__(self, files: Mapping[str, bytes], path: str = "<memory>"):
+        from anchormass.extras import require
+
+        require("hf", f"the Hugging Face tokenizer {path}", ["tokenizers"])
         from tokenizers import Tokenizer as Backend
 
         self.path, self.files = path, {name: files[name] for name in FILES if name in files}

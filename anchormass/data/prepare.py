@@ -18,6 +18,7 @@ from anchormass.config_checks import check_numbers
 from anchormass.data.longctx_writer import write_longctx
 from anchormass.data.pretrain_writer import write_pretrain
 from anchormass.data.sft_writer import write_sft
+from anchormass.data.sources import require_readers
 from anchormass.data.staged_folder import build_folder
 from anchormass.errors import ConfigError
 from anchormass.path_checks import check_data_out_dir, check_folder_name
@@ -46,4 +47,5 @@ def prepare(cfg: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
         if kind != "pretrain":
             raise ConfigError(f"data.num_shards applies to kind pretrain only (this is {kind}); drop it")
         out = out.with_name(f"{out.name}.shard-{int(cfg.get('shard_index') or 0)}-of-{shards}")
+    require_readers(cfg.get("source"))  # a missing library: one line before any folder is made
     return build_folder(out, lambda staging: KINDS[kind](cfg, staging))

@@ -24,12 +24,13 @@ import glob
 import itertools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from anchormass.data.cleaners import clean, get_cleaners
 from anchormass.data.corpus_files import files_format, raise_decode_problem
 from anchormass.errors import ConfigError, DataError
-from anchormass.utils import REPO_ROOT, resolve_path
+from anchormass.utils import resolve_path
 
 _SAMPLE_BY = {"document": "document", "paragraph": "paragraph", "line": "line"}
 
@@ -96,8 +97,23 @@ def _chunk(doc: str, max_chars: int) -> Iterator[str]:
         yield "\n".join(piece).strip()
 
 
+# source kinds read through the `datasets` library (the [data] extra of an installed package)
+DATASETS_KINDS = ("files", "hub")
+
+
+def require_readers(source: Any) -> None:
+    """One line when a source (or a list of them) needs a library that is not installed."""
+    from anchormass.extras import require
+
+    for src in source if isinstance(source, (list, tuple)) or hasattr(source, "append") else [source]:
+        kind = (src or {}).get("kind")
+        if kind in DATASETS_KINDS:
+            require("data", f"data.source.kind={kind}")
+
+
 def _load(src: Mapping[str, Any]):
     """A datasets Dataset / IterableDataset and a one-line description of where it came from."""
+    require_readers(src)
     import datasets
 
     datasets.disable_progress_bars()  # our own tqdm reports documents; datasets' bars are noise here
@@ -122,7 +138,8 @@ def _load(src: Mapping[str, Any]):
             # the corpus); the same records in the same order as without it.
             ds = datasets.load_dataset(fmt, data_files=paths, split="train", streaming=bool(src.get("streaming")),
                                        **kwargs)
-            names = ", ".join(os.path.relpath(p, REPO_ROOT) if p.startswith(str(REPO_ROOT)) else p for p in paths)
+            here = str(Path.cwd())
+            names = ", ".join(os.path.relpath(p, here) if p.startswith(here) else p for p in paths)
             return ds, f"files[{fmt}]: {names}"
         if kind == "hub":
             if not src.get("name"):

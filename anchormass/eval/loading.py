@@ -15,7 +15,8 @@ import torch
 
 from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.eval.suite import EvalModel
-from anchormass.training.checkpoint import check_tokenizer, stored_path
+from anchormass.training.checkpoint import check_tokenizer
+from anchormass.training.checkpoint_tokenizer import checkpoint_tokenizer
 from anchormass.utils import sha256_file
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -117,16 +118,14 @@ def check_finite_weights(models: list[EvalModel], roles: list[str]) -> None:
 
 
 def tokenizer_path(cfg: dict, models: list[EvalModel]) -> Path | None:
-    """`tokenizer=` wins; else the checkpoints' own tokenizer (they must agree)."""
+    """`tokenizer=` wins; else the checkpoints' own tokenizer (they must agree; training/checkpoint_tokenizer.py)."""
     if cfg.get("tokenizer"):
         path = Path(str(cfg["tokenizer"])).expanduser()
         if not path.exists():
             raise DataError(f"tokenizer not found: {path}")
         return path
-    paths = [stored_path(m.hparams["tokenizer_path"]) for m in models if m.hparams.get("tokenizer_path")]
-    for p in paths:
-        if not p.exists():
-            raise DataError(f"tokenizer named by the checkpoint not found: {p} (pass tokenizer=<path>)")
+    found = [checkpoint_tokenizer(m.hparams, m.source) for m in models]  # None for a random-init model
+    paths = [p for p in found if p is not None]
     if len(paths) == 2 and paths[0].resolve() != paths[1].resolve() \
             and _read_tokenizer(paths[0]).checksum != _read_tokenizer(paths[1]).checksum:
         raise CheckpointError(f"the two checkpoints use different tokenizers ({paths[0]} vs {paths[1]}); "

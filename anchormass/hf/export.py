@@ -41,17 +41,17 @@ def quiet_transformers() -> None:
 def load_source(ckpt: str | Path, tokenizer: str | Path | None = None):
     """(model, hparams, Tokenizer) of a training checkpoint; the tokenizer from hparams unless given."""
     from anchormass.data.tokenizer_loader import load_tokenizer
-    from anchormass.training.checkpoint import check_tokenizer, load_model, stored_path
+    from anchormass.training.checkpoint import check_tokenizer, load_model
     from anchormass.training.checkpoint_shapes import check_claimed_shapes
+    from anchormass.training.checkpoint_tokenizer import checkpoint_tokenizer
     from anchormass.training.safe_load import safe_torch_load
 
     if Path(ckpt).is_file():  # a missing file is load_model's one line
         check_claimed_shapes(safe_torch_load(ckpt, mmap=True), ckpt)  # its config asks for what it holds
     model, hparams = load_model(ckpt)
-    named = tokenizer if tokenizer is not None else hparams.get("tokenizer_path")
-    if not named:
+    tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else checkpoint_tokenizer(hparams, ckpt)
+    if tok_path is None:
         raise ConfigError(f"checkpoint {ckpt} names no tokenizer: pass tokenizer=<path to tokenizer.model>")
-    tok_path = Path(str(tokenizer)).expanduser() if tokenizer is not None else stored_path(named)
     if not tok_path.exists():
         raise DataError(f"tokenizer not found: {tok_path} (pass tokenizer=<path to tokenizer.model>)")
     tok = load_tokenizer(tok_path)

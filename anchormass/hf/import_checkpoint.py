@@ -124,6 +124,7 @@ def write_import(converted: Converted, source, out: Path) -> dict:
     from anchormass.data.tokenizer_loader import load_tokenizer
     from anchormass.hf.new_folder import staged_folder
     from anchormass.training.checkpoint import STATE_PREFIX, atomic_torch_save, check_tokenizer
+    from anchormass.training.checkpoint_tokenizer import carried
 
     cfg, model = converted.cfg, converted.model
     imported = {"source": str(source.path.resolve()), "kind": source.kind, "files_sha256": _source_files(source),
@@ -135,7 +136,8 @@ def write_import(converted: Converted, source, out: Path) -> dict:
         check_tokenizer(tok, {}, cfg.vocab_size, cfg.name)
         hparams = {"model_config": cfg.to_dict(), "trained_lengths": [cfg.original_max_len],
                    "tokenizer_path": str(out.resolve() / TOKENIZER_DIR),  # where it is once the folder is in place
-                   "tokenizer_checksum": tok.checksum, "data_fingerprint": None, "stage": "import",
+                   "tokenizer_checksum": tok.checksum, "tokenizer_files": carried(tok),  # checkpoint_tokenizer.py
+                   "data_fingerprint": None, "stage": "import",
                    "imported_from": imported}
         atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
                            "hyper_parameters": hparams}, staging / CHECKPOINT_FILE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anchormass.cli import exit_on_error
+from anchormass.command_names import command
 from anchormass.errors import ConfigError, DataError
 from anchormass.utils import atomic_write_text
 
@@ -88,7 +89,7 @@ def harness_model_args(export_dir: str | Path) -> tuple[str, str | None]:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise DataError(f"{folder} is not an exported model folder (no readable config.json); "
-                        f"export one with scripts/export_hf.py") from None
+                        f"export one with {command('scripts/export_hf.py')}") from None
     if config.get("model_type") == "llama":
         trained = int(config.get("max_position_embeddings") or 0)
         length = max(HARNESS_MAX_LENGTH, trained)

@@ -2,7 +2,8 @@
 
 A checkpoint is a Lightning `.ckpt` (docs/architecture.md): `hyper_parameters` holds
 `model_config` (ModelConfig.to_dict(), `original_max_len` = longest length trained so far),
-`trained_lengths`, `tokenizer_path` and `data_fingerprint`; `state_dict` keys are `model.<param>`.
+`trained_lengths`, `tokenizer_path`, `tokenizer_files` (the tokenizer itself: checkpoint_tokenizer.py)
+and `data_fingerprint`; `state_dict` keys are `model.<param>`.
 
 Safety: every read goes through `safe_torch_load` (training/safe_load.py, weights_only=True): a
 file holding Python objects other than tensors and plain values is refused before it can run
@@ -33,7 +34,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from anchormass.errors import CheckpointError
 from anchormass.own_files import record, remove_own
 from anchormass.training.safe_load import safe_torch_load
-from anchormass.utils import REPO_ROOT, atomic_path
+from anchormass.utils import atomic_path
 
 STATE_PREFIX = "model."
 CHECKSUM_KEY = "content_sha256"
@@ -172,15 +173,6 @@ def load_model(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[torc
     model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu")
     model.eval()
     return model, hparams
-
-
-def stored_path(path: str | os.PathLike) -> Path:
-    """A path a checkpoint stored: relative to the checkout it was trained in (e.g. data/demo/...)."""
-    path = Path(path)
-    if path.is_absolute() or path.exists():
-        return path
-    alt = REPO_ROOT / path
-    return alt if alt.exists() else path
 
 
 def check_tokenizer(tok, hparams: dict, vocab_size: int, label: str) -> None:

@@ -7,13 +7,41 @@ Each check raises a one-line AnchorMassError naming the key the user wrote; laun
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from anchormass.errors import CheckpointError, ConfigError
+from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE
+from anchormass.data.dataset_dir import read_metadata
+from anchormass.errors import CheckpointError, ConfigError, DataError
+from anchormass.utils import resolve_path
+
+# Numeric settings train() reads with int() / float(): a word, 20.7 for a step count or 0 steps
+# between validations must be a one-line ConfigError, not a traceback or a silently changed run.
+# stage.* come first so `stage.lr=fast` is named as written, not as optim.lr's interpolation.
+INT_SETTINGS = {
+    **dict.fromkeys(("seed", "stage.val_batches", "stage.warmup_steps"), NON_NEGATIVE_WHOLE),
+    **dict.fromkeys(("torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
+                     "stage.micro_batch_size", "stage.val_every", "stage.ckpt_every", "stage.loss_chunk"), COUNT),
+    "stage.lr": POSITIVE, "optim.lr": POSITIVE, "optim.warmup_steps": NON_NEGATIVE_WHOLE,
+    "optim.weight_decay": NON_NEGATIVE, "optim.min_lr_ratio": NON_NEGATIVE, "optim.eps": POSITIVE,
+}
+
+
+def data_metadata(data_dir: str | os.PathLike) -> dict:
+    """The prepared dataset's meta.json (vocab size, kind, tokenizer checksum, ...). Here, not in
+    run.py, so that a launch refused for its data stops before torch and Lightning load (~8 s)."""
+    if not resolve_path(data_dir).is_dir():
+        from anchormass.command_names import command
+
+        here = f" (a relative path is taken from the current folder, {Path.cwd()})"
+        where = "" if Path(data_dir).is_absolute() else here
+        raise DataError(f"no prepared data folder {data_dir}{where}; run: {command('scripts/prepare_data.py')} "
+                        f"data=<name> here, or pass data_dir=<folder>")
+    return read_metadata(data_dir)
 
 
 def warmup_key(cfg: Any) -> str:
@@ -61,8 +89,6 @@ def check_accelerator(cfg: Any) -> None:
 def check_inputs(cfg: Any) -> None:
     """The prepared data and the checkpoints a run starts from exist (train() checks them again,
     with their contents, inside the run)."""
-    from anchormass.training.run import data_metadata
-
     data_metadata(str(cfg.data_dir))
     for key in ("init_from", "ckpt_path"):
         path = cfg.get(key)
@@ -70,10 +96,25 @@ def check_inputs(cfg: Any) -> None:
             raise CheckpointError(f"{key} checkpoint not found: {path}")
 
 
+# a logger class (configs/logger/) -> the library it writes through
+LOGGER_LIBRARIES = {"TensorBoardLogger": "tensorboard", "WandbLogger": "wandb"}
+
+
+def check_logger(cfg: Any) -> None:
+    """A logger whose library is missing (an installed package without its [loggers] extra): one
+    line now, not Hydra's instantiation error from inside the run folder."""
+    from anchormass.extras import require
+
+    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+    for cls, library in LOGGER_LIBRARIES.items():
+        if target.endswith(cls):
+            require("loggers", f"logger {target.rsplit('.', 1)[-1]}", [library])
+
+
 def check_train_launch(cfg: Any) -> None:
     from anchormass.config_checks import check_numbers
-    from anchormass.training.run import INT_SETTINGS
 
+    check_logger(cfg)
     check_numbers(cfg, INT_SETTINGS)
     check_warmup(cfg)
     check_accelerator(cfg)

@@ -1,7 +1,8 @@
 """The LightningModule: one language model, next-token loss (SFT masks via -100 targets), AdamW.
 
 Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_config`,
-`trained_lengths`, `tokenizer_path`, `data_fingerprint`, plus the optimiser and stage settings
+`trained_lengths`, `tokenizer_path`, the tokenizer's own files (`tokenizer_files`,
+training/checkpoint_tokenizer.py), `data_fingerprint`, plus the optimiser and stage settings
 that make a resume reproduce the same schedule. The loggers get the run record instead
 (training/run_record.py: the resolved config, the code, the data).
 
@@ -34,7 +35,7 @@ class LitLanguageModel(L.LightningModule):
     def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict,
                  trained_lengths: list[int] | None = None, tokenizer_path: str | None = None,
                  data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024,
-                 tokenizer_checksum: str | None = None):
+                 tokenizer_checksum: str | None = None, tokenizer_files: dict | None = None):
         super().__init__()
         missing = [k for k in OPTIM_KEYS if k not in optim]
         if missing:
@@ -48,7 +49,7 @@ class LitLanguageModel(L.LightningModule):
             optim=dict(optim), trained_lengths=trained,
             tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
             data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk),
-            tokenizer_checksum=tokenizer_checksum), logger=False)
+            tokenizer_checksum=tokenizer_checksum, tokenizer_files=tokenizer_files), logger=False)
         from anchormass.models import build_model
 
         self.model = build_model(cfg)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from anchormass.parent_death import end_with_parent
-from anchormass.utils import REPO_ROOT
+from anchormass.utils import CHECKOUT
 
 # The runner's pid, in each child's environment: the child asks the kernel for a SIGTERM when the
 # runner dies (follow_parent), since its own process group keeps a kill of the runner's group from it.
@@ -54,8 +54,9 @@ def _send(proc: subprocess.Popen, signum: int) -> None:
 
 
 def run_logged(cmd: list[str], log_path: str | os.PathLike, echo: Callable[[str], None] | None = None) -> int:
-    """Run `cmd` from the repository root; stdout and stderr go, interleaved as printed, to the
-    end of `log_path` after a header naming the command. Returns the exit code.
+    """Run `cmd` in this process's folder (a relative path means the same to the child); stdout and
+    stderr go, interleaved as printed, to the end of `log_path` after a header naming the command.
+    Returns the exit code.
 
     Progress bars are switched off in the child (a bar redrawn into a file is thousands of
     fragments); output is unbuffered so the log is current while the child runs. The child runs
@@ -65,10 +66,12 @@ def run_logged(cmd: list[str], log_path: str | os.PathLike, echo: Callable[[str]
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", PARENT_PID_ENV: str(os.getpid())}
+    if CHECKOUT is not None:  # `-m anchormass...` finds the checkout's package from any folder
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
     with open(log_path, "ab") as log:
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log if echo is None else subprocess.PIPE,
+        proc = subprocess.Popen(cmd, stdout=log if echo is None else subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, process_group=0)
         _running.add(proc)
         try:

@@ -25,13 +25,15 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from anchormass.config_checks import COUNT, NON_NEGATIVE, NON_NEGATIVE_WHOLE, POSITIVE, check_numbers
+from anchormass.config_checks import check_numbers
 from anchormass.data.datamodule import datamodule_config
-from anchormass.data.dataset_dir import fingerprint, read_metadata, verify_dataset
-from anchormass.data.tokenizer_loader import tokenizer_in
-from anchormass.errors import AnchorMassError, CheckpointError, ConfigError, DataError
+from anchormass.data.dataset_dir import fingerprint, verify_dataset
+from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
+from anchormass.errors import AnchorMassError, CheckpointError, ConfigError
 from anchormass.models.config import FIELDS_ADDED_LATER, load_model_config
 from anchormass.training.checkpoint import AtomicCheckpointIO, load_weights, read_checkpoint
+from anchormass.training.checkpoint_tokenizer import carried
+from anchormass.training.launch_checks import INT_SETTINGS, data_metadata
 from anchormass.training.lit_module import LitLanguageModel
 from anchormass.training.loggers import CarriedMetrics, attach_resume_step
 from anchormass.training.preemption import TrainingInterrupted, stop_after_fit
@@ -74,13 +76,6 @@ def build(node: Any) -> Any:
 def check_output_dir(path: str | os.PathLike) -> Path:
     """Create the run folder and prove it is writable now, not after an hour of training."""
     return writable_dir(path, "output folder")
-
-
-def data_metadata(data_dir: str | os.PathLike) -> dict:
-    """The prepared dataset's meta.json (vocab size, kind, tokenizer checksum, ...)."""
-    if not Path(data_dir).is_dir():
-        raise DataError(f"no prepared data folder {data_dir}; run: python scripts/prepare_data.py data=<name>")
-    return read_metadata(data_dir)
 
 
 def resolve_model_config(cfg: DictConfig, meta: dict):
@@ -230,11 +225,13 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
                       if start_ckpt is not None and cfg.get("ckpt_path") else [])
     # Lengths trained so far (RoPE original_max_len) come from the run we continue or start from.
     trained_lengths = list(start_ckpt["hyper_parameters"].get("trained_lengths", [])) if start_ckpt else []
-    tokenizer = tokenizer_in(data_dir, meta)  # tokenizer.model, or an imported tokenizer's folder
+    # tokenizer.model, or an imported tokenizer's folder: the checkpoint carries its bytes (checkpoint_tokenizer.py)
+    tokenizer = tokenizer_in(data_dir, meta).resolve()
     module = LitLanguageModel(
         model_config=model_cfg.to_dict(), total_steps=cfg.stage.total_steps, seq_len=cfg.stage.seq_len,
         optim=OmegaConf.to_container(cfg.optim, resolve=True), trained_lengths=trained_lengths,
         tokenizer_path=str(tokenizer) if tokenizer.exists() else None,
+        tokenizer_files=carried(load_tokenizer(tokenizer)) if tokenizer.exists() else None,
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
         loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"))
     if start_ckpt is not None and not cfg.get("ckpt_path"):
@@ -243,18 +240,6 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         load_weights(module.model, start_ckpt, start)
     module.resume_changes = resume_changes  # made to take effect by ResumeOverrides (resume_settings.py)
     return module
-
-
-# Numeric settings read with int() / float() below: a word, 20.7 for a step count or 0 steps
-# between validations must be a one-line ConfigError, not a traceback or a silently changed run.
-# stage.* come first so `stage.lr=fast` is named as written, not as optim.lr's interpolation.
-INT_SETTINGS = {
-    **dict.fromkeys(("seed", "stage.val_batches", "stage.warmup_steps"), NON_NEGATIVE_WHOLE),
-    **dict.fromkeys(("torch_threads", "stage.seq_len", "stage.total_steps", "stage.global_batch_size",
-                     "stage.micro_batch_size", "stage.val_every", "stage.ckpt_every", "stage.loss_chunk"), COUNT),
-    "stage.lr": POSITIVE, "optim.lr": POSITIVE, "optim.warmup_steps": NON_NEGATIVE_WHOLE,
-    "optim.weight_decay": NON_NEGATIVE, "optim.min_lr_ratio": NON_NEGATIVE, "optim.eps": POSITIVE,
-}
 
 
 def last_of_run(out: Path) -> Path:

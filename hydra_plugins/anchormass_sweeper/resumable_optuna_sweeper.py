@@ -4,7 +4,10 @@ one line when no trial completed). Kept import-light: Hydra imports every plugin
 
 from pathlib import Path
 
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+try:
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+except ImportError:  # an install without the [sweep] extra: no sweeper, and no warning at each start-up
+    OptunaSweeper = object  # anchormass/extras.py names the extra when hydra/sweeper=optuna_optim is asked for
 
 
 class ResumableOptunaSweeper(OptunaSweeper):

@@ -79,12 +79,9 @@ class LmEvalSuite(Suite):
 
     def check(self, ctx: EvalContext) -> None:
         super().check(ctx)
-        try:
-            import lm_eval  # noqa: F401
-            import transformers  # noqa: F401
-        except ImportError as err:
-            raise ConfigError(f"suite lm_eval needs lm-evaluation-harness and transformers ({err.name} is missing; "
-                              "pip install -r requirements.txt)") from None
+        from anchormass.extras import require
+
+        require("eval", "suite lm_eval")
         from anchormass.hf.lm_eval_tasks import jcqa_files, task_specs
 
         tasks = self.opt("tasks")

@@ -110,6 +110,9 @@ def load_split(cfg: dict, split: str) -> tuple[list[dict], str]:
         path = Path(str(cfg["dir"])).expanduser() / LOCAL_NAMES[split]
         return read_jsonl(path), str(path)
     if cfg.get("hub"):
+        from anchormass.extras import require
+
+        require("data", "jcqa questions from the hub")
         import datasets
 
         try:
