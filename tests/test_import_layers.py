@@ -23,6 +23,8 @@ LAYERS = {
     "config_compose": 2,                     # config files composed as Hydra does, outside Hydra
     "path_checks": 2,                        # names read from files stay inside the runs / data roots
     "parent_death": 2,                       # child processes that end with their parent
+    "extras": 2,                             # which optional extra a feature needs, named in one line
+    "command_names": 2,                      # a command as this install calls it (console script or script)
     "cli": 3,                                # entry-point behaviour (one-line errors)
     "cli_help": 3,                           # entry points' --help, before torch loads
     "models": 4, "data": 4,                  # the networks; tokenizer and token files
