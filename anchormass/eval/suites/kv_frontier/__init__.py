@@ -223,25 +223,26 @@ class KvFrontierSuite(Suite):
                 "rows": rows, "summary": summary}
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
+        """Each press spec answers only its own length's trials (one runner call per length)."""
         folder = peer.export_folder(self.model.model, ctx.tokenizer.special_ids(), self.work)
-        lengths = sorted({L for _, L, _, _ in wanted})
-        items = [{"id": f"{L}/{i}", "prompt_ids": self.hay.build(t)} for L in lengths
-                 for i, t in enumerate(self.trials[L])]
-        answers = peer.answer(self.kvpress_python, folder, specs, items, self.new_tokens, self.work)
         tok, rows = self.hay.tok, []
-        for label, L, level, kept in wanted:
-            got = answers[label]
-            outcomes = []
-            for i, t in enumerate(self.trials[L]):
-                a = got[f"{L}/{i}"]
-                outcomes.append({"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)})
-            kept_tokens = [a["kept"] for a in got.values() if a is not None and "kept" in a]
-            stored = float(np.mean([a["stored_bytes"] for a in got.values()])) + (self.new_tokens - 1) * per_token
-            row = self._row(L, f"kvpress/{label.rsplit('/', 1)[1]}", level, {"outcomes": outcomes, "stored": stored},
-                            kept=int(np.mean([np.mean(k) for k in kept_tokens])), budget=kept)
-            done[label] = row
-            self._append(label, row)
-            rows.append(row)
+        for L in sorted({L for _, L, _, _ in wanted}):
+            items = [{"id": f"{L}/{i}", "prompt_ids": self.hay.build(t)} for i, t in enumerate(self.trials[L])]
+            at = [w for w in wanted if w[1] == L]
+            labels = {label for label, *_ in at}
+            answers = peer.answer(self.kvpress_python, folder, [s for s in specs if s["label"] in labels], items,
+                                  self.new_tokens, self.work)
+            for label, _, level, kept in at:
+                got = [answers[label][item["id"]] for item in items]
+                outcomes = [{"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)}
+                            for a, t in zip(got, self.trials[L])]
+                stored = float(np.mean([a["stored_bytes"] for a in got])) + (self.new_tokens - 1) * per_token
+                res = {"outcomes": outcomes, "stored": stored}
+                row = self._row(L, f"kvpress/{label.rsplit('/', 1)[1]}", level, res,
+                                kept=int(np.mean([np.mean(a["kept"]) for a in got])), budget=kept)
+                done[label] = row
+                self._append(label, row)
+                rows.append(row)
         return rows
 
     # ------------------------------------------------------------------ results
