@@ -5,11 +5,14 @@ measured merge ratio, and a rerun that continues from the finished rows."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _gqa_helpers import gqa_config
 from _passkey_helpers import passkey_tokenizer
 
+from anchormass.data.token_file import write_tokens
+from anchormass.errors import ConfigError
 from anchormass.eval.runner import run_evaluation
 from anchormass.eval.suite import EvalModel
 from anchormass.eval.suites.kv_frontier.variants import Variant, build_variant, chosen_groups
@@ -50,8 +53,11 @@ def test_anchormass_from_a_standards_weights_keeps_its_tensors_and_reorders_whol
 def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(tmp_path, assets):
     tok, m = assets
     work = tmp_path / "work"
+    write_tokens(tmp_path / "val.bin", np.random.default_rng(0).integers(0, 400, 600), vocab_size=400)
+    ppl = {"data": str(tmp_path / "val.bin"), "contexts": [0, 64], "target_len": 32, "n_anchors": 3,
+           "cells": ["am/retrieval1/g8"]}
     cfg = {"suite": "kv_frontier", "out_dir": str(tmp_path / "out"), "progress": False,
-           "eval": {"kv_frontier": {**CFG, "work_dir": str(work)}}}
+           "eval": {"kv_frontier": {**CFG, "work_dir": str(work), "ppl": ppl}}}
     out = run_evaluation(cfg, models=[m], tokenizer=tok)
     res = json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]
     rows = res["rows"]
@@ -72,8 +78,13 @@ def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(t
         if r["method"].startswith("ours/") and not r.get("note"):
             ref = by[r["level"]]
             assert abs(r["stored"] / ref["stored"] - 1) <= 0.1, (r["method"], r["stored"], ref["stored"])
+    # perplexity: the full cache and the chosen cell on the same anchors, every prior context
+    nll = res["ppl"]["nll"]
+    assert sorted(nll) == ["am/retrieval1/g8", "standard/full"]
+    assert all(len(nll[m][c]) == 3 for m in nll for c in ("0", "64"))
+    assert nll["am/retrieval1/g8"]["64"] != nll["standard/full"]["64"]  # the cell compresses 64 prior tokens
     text = (out / "report.md").read_text()
-    assert "### 256 tokens" in text and "tokens per global slot" in text
+    assert "### 256 tokens" in text and "tokens per global slot" in text and "Held-out perplexity" in text
     # a rerun continues: every row comes from the journal, nothing is decoded again
     lines = (work / "rows.jsonl").read_text().splitlines()
     out2 = run_evaluation({**cfg, "out_dir": str(tmp_path / "out2")}, models=[m], tokenizer=tok)
@@ -87,7 +98,10 @@ def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(t
     only["eval"] = {"kv_frontier": {**cfg["eval"]["kv_frontier"], "only_finished": True}}
     part = json.loads((run_evaluation(only, models=[m], tokenizer=tok) / "results.json").read_text())
     part = part["suites"]["kv_frontier"]
-    assert len(part["rows"]) == len(rows) - 1 and len(part["settings"]["not_run_yet"]) == 1
+    assert len(part["rows"]) == len(rows)  # the journal's last row was the cell's ppl at the longest context
+    missing = part["settings"]["not_run_yet"]
+    assert len(missing) == 1 and missing[0].startswith("ppl/") and missing[0].endswith("/96/am/retrieval1/g8")
+    assert "64" not in part["ppl"]["nll"]["am/retrieval1/g8"]  # the stopped row is named, not shown
     assert (work / "rows.jsonl").read_text().splitlines() == lines
 
 
@@ -114,3 +128,28 @@ def test_kvpress_answers_the_same_prompts_and_its_snapkv_agrees_with_ours(tmp_pa
         assert press["kept"] == ours["budget"]  # the same prompt tokens per KV head
         assert press["answers"] == ours["answers"]
     assert "Agreement with kvpress" in (out / "report.md").read_text()
+
+
+def test_a_row_depends_on_the_prefill_chunk_only_where_the_chunk_cuts_its_prompt():
+    """A prompt no longer than the chunk is prefilled whole, so growing the chunk keeps such rows;
+    a longer prompt prefilled in pieces is another measurement (StreamingLLM and H2O evict per
+    chunk) and is run again."""
+    from anchormass.eval.suites.kv_frontier import KvFrontierSuite
+
+    suite = KvFrontierSuite.__new__(KvFrontierSuite)
+    suite._settings = {"model": "abc", "passkey": {"lang": "en"}, "new_tokens": 8}
+    suite.chunk = 1024
+    short, long = suite.settings_key(1024), suite.settings_key(2048)
+    suite.chunk = 16384
+    assert suite.settings_key(1024) == short
+    assert suite.settings_key(2048) != long
+    suite.chunk = 512
+    assert suite.settings_key(1024) != short
+
+
+def test_perplexity_refuses_lengths_where_the_cache_would_merge_but_the_parallel_forward_would_not():
+    from anchormass.eval.suites.kv_frontier.perplexity import check_budget
+
+    check_budget("am/x/g8", 8, 64, 8 * 64)  # 511 tokens after the sink: 63 slots
+    with pytest.raises(ConfigError, match="merge slots under its budget"):
+        check_budget("am/x/g8", 8, 64, 8 * 64 + 1)

@@ -27,11 +27,11 @@ import torch
 
 from anchormass.cache.kv_policies import POLICIES as KV_POLICIES
 from anchormass.errors import ConfigError
-from anchormass.eval.items import passkey_setup, score_answer
+from anchormass.eval.items import passkey_setup, ppl_items, score_answer
 from anchormass.eval.report import KIB, fmt_p, markdown, mcnemar_exact, plt, save_figure, wilson_interval
 from anchormass.eval.scoring import matched_budget, progress, session_decode, standard_bytes_per_token
 from anchormass.eval.suite import EvalContext, Suite
-from anchormass.eval.suites.kv_frontier import peer
+from anchormass.eval.suites.kv_frontier import peer, perplexity
 from anchormass.eval.suites.kv_frontier.variants import (
     SELECTIONS,
     Variant,
@@ -39,7 +39,7 @@ from anchormass.eval.suites.kv_frontier.variants import (
     chosen_groups,
     retrieval_scores,
 )
-from anchormass.utils import resolve_path
+from anchormass.utils import resolve_path, sha256_file
 
 FULL = "standard/full"
 
@@ -96,10 +96,45 @@ class KvFrontierSuite(Suite):
         self.only_finished = bool(self.opt("only_finished", False))
         self.work = resolve_path(self.opt("work_dir") or f"runs/kv_frontier/{(self.model.sha256 or 'random')[:12]}")
         self.work.mkdir(parents=True, exist_ok=True)
-        self.settings_key = hashlib.sha256(json.dumps(
-            {"model": self.model.sha256, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
-             "chunk": self.chunk, "policy_args": self.opt("policy_args"), "probe": probe},
-            sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self._check_ppl(ctx, labels)
+        self.batch_tokens = int(self.opt("batch_tokens", 8192))
+        self.probe_length = int(probe.get("length", 1024))
+        self._settings = {"model": self.model.sha256, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
+                          "policy_args": self.opt("policy_args"), "probe": probe}
+
+    def _check_ppl(self, ctx: EvalContext, labels: set[str]) -> None:
+        """The perplexity part (optional): its anchors and the cells it scores, checked up front."""
+        cfg = dict(self.opt("ppl") or {})
+        self.ppl = None
+        if not cfg:
+            return
+        cells = [str(c) for c in cfg.pop("cells", [])]
+        if not set(cells) <= labels:
+            raise ConfigError(f"kv_frontier.ppl.cells: {sorted(set(cells) - labels)} are not AnchorMass cells of "
+                              f"this run ({sorted(labels)})")
+        items = ppl_items(cfg, ctx)
+        for cell in cells:
+            variant = next(v for v in self.variants if v.label == cell)
+            perplexity.check_budget(cell, variant.group_size, self.model.config.slot_budget,
+                                    max(items.contexts) + items.target_len)
+        path = Path(items.tokens.filename) if hasattr(items.tokens, "filename") else None
+        data_sha = sha256_file(path) if path is not None else "in-memory"
+        self.ppl = {"items": items, "cells": cells, "data": str(path), "key": perplexity.anchors_key(
+            items.anchors, items.target_len, data_sha)}
+
+    def settings_key(self, length: int) -> str:
+        """What a row of `length` depends on. The prefill chunk counts as min(chunk, length): a
+        prompt no longer than the chunk is prefilled whole whatever the chunk, so such rows stay valid
+        when the chunk grows (a chunk >= every length prefills each prompt in one forward, as kvpress does)."""
+        return hashlib.sha256(json.dumps({**self._settings, "chunk": min(self.chunk, length)},
+                                         sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _key_length(self, key: str) -> int:
+        """The prompt length a journal row was measured at: probe, ppl/<anchors>/<length>/..., <length>/..."""
+        if key == "probe":
+            return self.probe_length
+        parts = key.split("/")
+        return int(parts[2] if parts[0] == "ppl" else parts[0])
 
     # ------------------------------------------------------------------ journal of finished rows
     def _journal(self) -> dict[str, dict]:
@@ -111,13 +146,18 @@ class KvFrontierSuite(Suite):
                     entry = json.loads(line)
                 except ValueError:
                     continue  # a line cut by a kill: that row is simply run again
-                if entry.get("settings") == self.settings_key:
-                    rows[entry["key"]] = entry["row"]
+                key = entry.get("key", "")
+                try:
+                    length = self._key_length(key)
+                except (ValueError, IndexError):
+                    continue  # not a row of this suite's
+                if entry.get("settings") == self.settings_key(length):
+                    rows[key] = entry["row"]
         return rows
 
     def _append(self, key: str, row: dict) -> None:
         with open(self.work / "rows.jsonl", "a") as f:
-            f.write(json.dumps({"settings": self.settings_key, "key": key, "row": row}) + "\n")
+            f.write(json.dumps({"settings": self.settings_key(self._key_length(key)), "key": key, "row": row}) + "\n")
             f.flush()
 
     # ------------------------------------------------------------------ running
@@ -126,8 +166,9 @@ class KvFrontierSuite(Suite):
         tok, trials = self.hay.tok, self.trials[length]
         outcomes, stored, ratios = [], [], []
         device = next(model.parameters()).device
-        for s in range(0, len(trials), self.batch_size):
-            batch = trials[s:s + self.batch_size]
+        per_batch = max(1, min(self.batch_size, self.batch_tokens // length))  # bounds a whole-prompt prefill
+        for s in range(0, len(trials), per_batch):
+            batch = trials[s:s + per_batch]
             ids = torch.tensor([self.hay.build(t) for t in batch], dtype=torch.long, device=device)
             new, kv = session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
                                      vocab_limit=tok.vocab_size)
@@ -213,6 +254,7 @@ class KvFrontierSuite(Suite):
         if press_specs and self.kvpress_python is not None:
             rows += self._kvpress(ctx, press_specs, press_rows, per_token, done)
         rows = [r for r in rows if r is not None]
+        ppl = self._perplexity(ctx, std, scores, once)
         summary = {f"L{r['length']}/{r['level']}/{r['method']}": r["k"] / r["n"] for r in rows if r["n"]}
         return {"settings": {"lengths": self.lengths, "new_tokens": self.new_tokens, "passkey_trials":
                              len(self.trials[self.lengths[0]]), "standard_bytes_per_token": per_token,
@@ -220,7 +262,30 @@ class KvFrontierSuite(Suite):
                              "retrieval_scores": scores.tolist(), "chunk": self.chunk,
                              "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5",
                              "not_run_yet": missing},
-                "rows": rows, "summary": summary}
+                "rows": rows, "summary": summary, **({"ppl": ppl} if ppl else {})}
+
+    def _perplexity(self, ctx, std, scores, once) -> dict | None:
+        """NLL per anchor for the full cache and each chosen cell at every prior context (journaled)."""
+        if self.ppl is None:
+            return None
+        items, nll = self.ppl["items"], {}
+        steps = [(m, c) for m in [FULL, *self.ppl["cells"]] for c in items.contexts]
+        models = {FULL: std}
+        for method, c in progress(steps, ctx.progress, "kv frontier ppl"):
+            def score():
+                if method not in models:
+                    variant = next(v for v in self.variants if v.label == method)
+                    models[method] = build_variant(std, variant, chosen_groups(scores, variant.share,
+                                                                               variant.selection))
+                return {"nll": perplexity.mean_nll(models[method], items.tokens, items.anchors, c, items.target_len)}
+
+            row = once(f"ppl/{self.ppl['key']}/{c + items.target_len}/{method}", score)
+            if row is not None:
+                nll.setdefault(method, {})[str(c)] = row["nll"]
+        if FULL not in nll:
+            return None
+        return {"contexts": items.contexts, "target_len": items.target_len, "anchors": items.anchors,
+                "data": self.ppl["data"], "nll": nll}
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
         """Each press spec answers only its own length's trials (one runner call per length)."""
@@ -304,6 +369,8 @@ def report_markdown(result: dict) -> str:
     if s.get("not_run_yet"):
         text.append(f"Not run yet (the journal holds no row for them; a rerun without only_finished runs them): "
                     f"{', '.join(s['not_run_yet'])}.\n")
+    if result.get("ppl"):
+        text.append(perplexity.report(result["ppl"]))
     pairs = agreement(rows, s.get("pairs") or {})
     if pairs:
         text.append("### Agreement with kvpress, item by item\n\n" + markdown(

@@ -1,0 +1,38 @@
+"""scripts/bench_hf.py's library (anchormass/bench/vs_transformers.py): our Standard, transformers'
+Llama on the same weights and AnchorMass made from them, timed on the same prompts. The test checks
+what the comparison may claim (both paths pick the same first token; the floor adds the cache to the
+weights; AnchorMass's cache stops growing), not any speed."""
+
+import pytest
+import torch
+from _gqa_helpers import gqa_config
+
+from anchormass.bench import vs_transformers
+from anchormass.eval.suites.kv_frontier.variants import Variant, build_variant, chosen_groups
+from anchormass.models import build_model
+
+pytest.importorskip("transformers")
+
+
+def test_the_comparison_runs_every_path_on_one_prompt_and_charges_weights_plus_cache():
+    from anchormass.hf.export_llama import llama_from_ours
+
+    torch.manual_seed(0)
+    std = build_model(gqa_config("standard", vocab_size=300)).eval()
+    cfg = std.cfg
+    am = build_variant(std, Variant(1, "index", 8, True), chosen_groups(torch.zeros(cfg.n_layers, cfg.kv_heads),
+                                                                          1, "index"))
+    hf = llama_from_ours(std, {"bos": 1, "eos": 2, "pad": 0, "unk": 0})
+    seen = []
+    res = vs_transformers.compare(std, hf, am, [128, 512], repeats=1, decode_tokens=2, on_length=seen.append)
+    assert [r["length"] for r in res["rows"]] == [128, 512] and len(seen) == 2
+    for r in res["rows"]:
+        assert r["same_first_token"]
+        assert r["floor_ms_per_token"]["standard"] > 1e3 * res["weight_bytes"] / res["bandwidth_bytes_per_s"]
+    std_cache = [r["cache_bytes"]["standard"] for r in res["rows"]]
+    am_cache = [r["cache_bytes"]["anchormass"] for r in res["rows"]]
+    assert std_cache[1] / std_cache[0] == pytest.approx((512 + 2) / (128 + 2))  # prompt + decoded tokens
+    assert am_cache[1] < std_cache[1]
+    assert res["weight_bytes"] == sum(p.numel() * 4 for p in std.parameters())  # tied head counted once
+    text = vs_transformers.report(res)
+    assert "| 512" in text and "Decode time per token" in text
