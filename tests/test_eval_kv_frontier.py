@@ -24,7 +24,7 @@ CFG = {"lengths": [256], "batch_size": 2, "chunk": 128,
        "passkey": {"lang": "en", "filler": "classic_en", "depths": [0.2, 0.8], "seeds": [0], "new_tokens": 4},
        "probe": {"length": 192, "seeds": [100]},
        "anchormass": {"shares": [1, 2], "selections": ["retrieval", "index"], "group_sizes": [1, 8],
-                      "outliers": [True], "no_outlier_group_sizes": [8]},
+                      "outliers": [True], "no_outlier_group_sizes": [8], "oracle_group_sizes": [8]},
        "kv_policies": ["snapkv", "h2o", "streaming_llm"],
        "policy_args": {"snapkv": {"window": 8, "kernel": 5, "pooling": "avg"}}}
 
@@ -62,7 +62,7 @@ def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(t
     res = json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]
     rows = res["rows"]
     cells = {r["method"] for r in rows if r["method"].startswith("am/")}
-    assert len(cells) == 2 * 2 * 3  # shares x selections x (g1, g8, g8 without outliers)
+    assert len(cells) == 2 * 2 * 4  # shares x selections x (g1, g8, g8 without outliers, g8 oracle)
     assert all(r["n"] == 2 for r in rows)
     full = next(r for r in rows if r["method"] == "standard/full")
     by = {r["method"]: r for r in rows if r["method"].startswith("am/")}
@@ -71,6 +71,8 @@ def test_every_method_on_identical_trials_at_the_bytes_of_each_anchormass_cell(t
     assert 4.0 <= by["am/retrieval1/g8"]["tokens_per_slot"] <= 8.0
     assert by["am/retrieval1/g8/no-out"]["tokens_per_slot"] == pytest.approx(8.0)
     assert by["am/retrieval1/g8"]["stored"] < by["am/retrieval1/g1"]["stored"] < full["stored"]
+    # the oracle (evaluation only) can only add outlier slots, and gets no baselines of its own
+    assert by["am/retrieval1/g8/oracle"]["tokens_per_slot"] <= by["am/retrieval1/g8"]["tokens_per_slot"]
     # each distinct byte level (share, g, outliers) gets every KV policy at its bytes, once
     levels = {r["level"] for r in rows if r["method"].startswith("ours/")}
     assert len(levels) == 2 * 3 and all(level.startswith("am/retrieval") for level in levels)

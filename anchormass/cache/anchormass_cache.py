@@ -96,6 +96,7 @@ class AnchorMassLayerCache(LayerCache):
         self.mass = None  # [B, S + C + cap] fp32
         self.counts = None  # [B] long
         self.max_count = 0  # host copy of counts.max(): no device sync per decode step
+        self.forced = None  # [B, P] bool: evaluation-only oracle outliers (AnchorMassCache.force_outliers)
 
     # ------------------------------------------------------------------ buffers
     def _allocate(self, like: torch.Tensor) -> None:
@@ -235,7 +236,8 @@ class AnchorMassLayerCache(LayerCache):
         out = sdpa_fp32_bias(q, self.glob_k[:, :, :end], self.glob_v[:, :, :end], bias)
         if p0 >= s and r0 + 1 == c:  # the block is complete: compress it, empty the tail
             tail = slice(s, s + c)
-            self._append_slots(*compress_blocks(self.glob_k[:, :, tail], self.glob_v[:, :, tail], cfg))
+            self._append_slots(*compress_blocks(self.glob_k[:, :, tail], self.glob_v[:, :, tail], cfg,
+                                                forced=self._forced(p0 + 1 - c, c)))
             self.mass[:, tail] = 0.0
         return out
 
@@ -265,7 +267,8 @@ class AnchorMassLayerCache(LayerCache):
             buf[:, :, raw0 + r0:new0] = x[:, :, n_new_sink:]
         if n_blocks:
             done = slice(raw0, raw0 + n_blocks * c)
-            new_k, new_v, new_mass = compress_blocks(self.glob_k[:, :, done], self.glob_v[:, :, done], cfg)
+            new_k, new_v, new_mass = compress_blocks(self.glob_k[:, :, done], self.glob_v[:, :, done], cfg,
+                                                     forced=self._forced(max(p0, s) - r0, n_blocks * c))
             self.glob_k[:, :, new0:end] = new_k
             self.glob_v[:, :, new0:end] = new_v
         else:
@@ -283,6 +286,15 @@ class AnchorMassLayerCache(LayerCache):
             self.mass[:, s + rest:self.slot0] = 0.0
         if n_blocks:
             self._append_slots(new_k, new_v, new_mass)
+        return out
+
+    def _forced(self, start: int, n: int) -> torch.Tensor | None:
+        """The oracle's marks for positions [start, start + n) ([B, n] bool; none past the prompt)."""
+        if self.forced is None:
+            return None
+        out = torch.zeros(self.forced.shape[0], n, dtype=torch.bool, device=self.forced.device)
+        piece = self.forced[:, start:start + n]
+        out[:, :piece.shape[1]] = piece
         return out
 
     def _chunk_bias(self, b, t, raw0, new0, end, new_mass, dt) -> torch.Tensor:
@@ -398,4 +410,11 @@ class AnchorMassCache(KVCache):
                   for _ in range(cfg.n_layers)]
         super().__init__(layers, batch_size)
         self.cfg, self.policy, self.budget = cfg, policy, policy.budget
+
+    def force_outliers(self, forced: torch.Tensor) -> None:
+        """Evaluation-only oracle (docs/method.md §6 k): every group of the global heads that holds a
+        prompt position marked in `forced` [B, P] keeps its first marked token as an exact outlier
+        slot. An upper bound on what a better selection rule could keep; never used in training."""
+        for layer in self.layers:
+            layer.forced = forced.bool()
 

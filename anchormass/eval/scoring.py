@@ -182,10 +182,13 @@ def session_scores(model, ids: torch.Tensor, start: int, chunk: int, score_chunk
 
 @torch.no_grad()
 def session_decode(model, ids: torch.Tensor, new_tokens: int, chunk: int, policy=None, budget=None,
-                   vocab_limit: int | None = None) -> tuple[torch.Tensor, KVBytes]:
+                   vocab_limit: int | None = None, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, KVBytes]:
     """Greedy continuation [B, new_tokens] of the prompt `ids` [B, P] through the one decode loop,
-    with the cache measured after every token fed."""
+    with the cache measured after every token fed. `forced` [B, P]: AnchorMass's oracle outliers
+    (AnchorMassCache.force_outliers; evaluation only)."""
     cache = new_session(model, ids.shape[0], ids.shape[1], policy, budget)
+    if forced is not None:
+        cache.force_outliers(forced)
     logits = generate.prefill(model, ids, cache, chunk).float()
     meter = KVBytes.after_prefill(cache)
     # The hook runs before step `step`'s token is fed: the cache then holds `step` decoded tokens.

@@ -37,11 +37,13 @@ def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def group_decisions(v: torch.Tensor, cfg: ModelConfig,
-                    mass: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def group_decisions(v: torch.Tensor, cfg: ModelConfig, mass: torch.Tensor | None = None,
+                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Outlier decision per group.
 
     v: [B, Hg, N, D] values (N a multiple of G); mass: [B, N] token masses (default all 1).
+    forced: [B, N] bool or None, an evaluation-only oracle (docs/method.md §6 k): a group holding a
+    forced token emits its first forced token as the outlier, whatever the rule says.
     Returns (outlier_idx [B, N//G] long, index inside its group; emit [B, N//G] bool).
     """
     g = cfg.group_size
@@ -69,23 +71,29 @@ def group_decisions(v: torch.Tensor, cfg: ModelConfig,
     emit = (sim_min < cfg.outlier_cos) | (rel.max(dim=-1).values > cfg.outlier_rel_norm)
     if not cfg.outliers or g < 2:
         emit = torch.zeros_like(emit)
+    if forced is not None and g >= 2:
+        fg = forced.reshape(b, ng, g)
+        has = fg.any(dim=-1)
+        idx = torch.where(has, fg.int().argmax(dim=-1), idx)  # argmax: the first forced token
+        emit = emit | has
     return idx, emit
 
 
-def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
-                    mass: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig, mass: torch.Tensor | None = None,
+                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Compress complete blocks into slots.
 
     k, v: [B, Hg, nblocks*C, D] global-head keys (post-RoPE) / values; mass: [B, nblocks*C]
-    token masses (default 1). Returns slot_k, slot_v [B, Hg, nblocks*2*(C//G), D] and
-    slot_mass [B, nblocks*2*(C//G)] (fp32); per group background slot first, then outlier.
+    token masses (default 1); forced: the oracle of `group_decisions` (None: the rule).
+    Returns slot_k, slot_v [B, Hg, nblocks*2*(C//G), D] and slot_mass [B, nblocks*2*(C//G)] (fp32);
+    per group background slot first, then outlier.
     """
     g = cfg.group_size
     b, h, n, d = k.shape
     if n % cfg.block_size:
         raise ValueError(f"compress_blocks: {n} tokens is not a whole number of blocks of {cfg.block_size}")
     ng = n // g
-    idx, emit = group_decisions(v, cfg, mass)  # [B, ng], [B, ng]
+    idx, emit = group_decisions(v, cfg, mass, forced)  # [B, ng], [B, ng]
     m = (torch.ones(b, ng, g, device=k.device) if mass is None
          else mass.float().reshape(b, ng, g))  # [B, ng, G]
 

@@ -76,6 +76,8 @@ class KvFrontierSuite(Suite):
                          for g in am.get("group_sizes", [1, 2, 4, 8]) for o in am.get("outliers", [True])]
         self.variants += [Variant(share, sel, int(g), False) for share in shares for sel in selections
                           for g in am.get("no_outlier_group_sizes", [])]
+        self.variants += [Variant(share, sel, int(g), True, oracle=True) for share in shares for sel in selections
+                          for g in am.get("oracle_group_sizes", [])]
         labels = {v.label for v in self.variants}
         self.baseline_levels = self.opt("baseline_levels")  # None: every distinct AnchorMass byte level
         if self.baseline_levels is not None and not set(self.baseline_levels) <= labels:
@@ -161,7 +163,13 @@ class KvFrontierSuite(Suite):
             f.flush()
 
     # ------------------------------------------------------------------ running
-    def _ours(self, model, length: int, policy=None, budget=None) -> dict:
+    def _key_digits(self, trial, ids: list[int]) -> list[bool]:
+        """Per prompt position: is it a token of the needle that spells a digit (the oracle's marks)."""
+        lo, hi = self.hay.needle_span(trial)
+        tok = self.hay.tok
+        return [lo <= p < hi and any(ch.isdigit() for ch in tok.decode([i])) for p, i in enumerate(ids)]
+
+    def _ours(self, model, length: int, policy=None, budget=None, oracle: bool = False) -> dict:
         """Greedy answers of every trial of `length` through `model`'s cache: outcomes and bytes."""
         tok, trials = self.hay.tok, self.trials[length]
         outcomes, stored, ratios = [], [], []
@@ -169,9 +177,12 @@ class KvFrontierSuite(Suite):
         per_batch = max(1, min(self.batch_size, self.batch_tokens // length))  # bounds a whole-prompt prefill
         for s in range(0, len(trials), per_batch):
             batch = trials[s:s + per_batch]
-            ids = torch.tensor([self.hay.build(t) for t in batch], dtype=torch.long, device=device)
+            prompts = [self.hay.build(t) for t in batch]
+            ids = torch.tensor(prompts, dtype=torch.long, device=device)
+            forced = (torch.tensor([self._key_digits(t, p) for t, p in zip(batch, prompts)], device=device)
+                      if oracle else None)
             new, kv = session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
-                                     vocab_limit=tok.vocab_size)
+                                     vocab_limit=tok.vocab_size, forced=forced)
             for t, row in zip(batch, new.tolist()):
                 outcomes.append({"ids": row, **score_answer(tok.decode(row), t.key)})
             stored.append(kv.stored_end / len(batch))
@@ -221,7 +232,8 @@ class KvFrontierSuite(Suite):
 
             def run_variant():
                 model = build_variant(std, variant, groups)
-                return self._row(L, variant.label, variant.label, self._ours(model, L), groups=groups)
+                return self._row(L, variant.label, variant.label, self._ours(model, L, oracle=variant.oracle),
+                                 groups=groups)
 
             rows.append(once(f"{L}/{variant.label}", run_variant))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
@@ -229,7 +241,8 @@ class KvFrontierSuite(Suite):
         levels: dict[tuple, dict] = {}
         for r in rows:
             v = next((v for v in self.variants if v.label == r["method"]), None)
-            if v is not None and (self.baseline_levels is None or v.label in self.baseline_levels):
+            auto = self.baseline_levels is None and not v.oracle if v is not None else False
+            if v is not None and (auto or v.label in (self.baseline_levels or [])):
                 levels.setdefault((r["length"], v.bytes_key), r)
         press_specs, press_rows = [], []
         for (L, _), ref in progress(list(levels.items()), ctx.progress, "kv frontier baselines"):

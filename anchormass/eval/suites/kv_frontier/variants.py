@@ -25,21 +25,25 @@ SELECTIONS = ("retrieval", "index")
 @dataclass(frozen=True)
 class Variant:
     """One training-free AnchorMass cell: `share` global KV groups per layer chosen by `selection`,
-    stage-1 group size `group_size`, outlier slots on or off."""
+    stage-1 group size `group_size`, outlier slots on or off; `oracle`: the outliers of every group
+    that holds a digit of the needle's key are forced onto that digit (an evaluation-only upper bound
+    on what a better selection rule could keep, docs/method.md §6 k)."""
 
     share: int
     selection: str
     group_size: int
     outliers: bool
+    oracle: bool = False
 
     @property
     def label(self) -> str:
-        return f"am/{self.selection}{self.share}/g{self.group_size}" + ("" if self.outliers else "/no-out")
+        return (f"am/{self.selection}{self.share}/g{self.group_size}" + ("" if self.outliers else "/no-out")
+                + ("/oracle" if self.oracle else ""))
 
     @property
     def bytes_key(self) -> tuple:
         """Variants with one key store the same bytes (the selection only reorders heads)."""
-        return self.share, self.group_size, self.outliers
+        return self.share, self.group_size, self.outliers, self.oracle
 
 
 @torch.no_grad()
