@@ -7,7 +7,9 @@ prefill and decode time per length, decode against its physical floor (anchormas
 Options (key=value): ckpt (a Standard checkpoint, required), lengths ([1K,2K,4K,8K]), repeats (2),
 decode_tokens (16), threads (1: on a shared machine more threads stall at every op's barrier),
 anchormass (the AnchorMass cell timed beside it: <share>/g<G>, default 2/g8: two of each layer's KV
-groups global, by index: which groups does not change the time), out (outputs/bench/vs_transformers).
+groups global, by index: which groups does not change the time), out (outputs/bench/vs_transformers),
+train_length (0: none; else also one training step on that many tokens: ours fp32, bf16 autocast,
+compile=true adds torch.compile, against transformers).
 Writes <out>/bench_hf.md and bench_hf.json (after every length, so a stopped run keeps what it measured).
 """
 
@@ -20,7 +22,7 @@ from anchormass.cli import exit_on_error
 from anchormass.errors import ConfigError
 
 DEFAULTS = {"ckpt": None, "lengths": "[1K,2K,4K,8K]", "repeats": 2, "decode_tokens": 16, "threads": 1,
-            "anchormass": "2/g8", "out": "outputs/bench/vs_transformers"}
+            "anchormass": "2/g8", "out": "outputs/bench/vs_transformers", "train_length": 0, "compile": "false"}
 
 
 def parse(argv: list[str]) -> dict:
@@ -36,10 +38,13 @@ def parse(argv: list[str]) -> dict:
     if not (share.isdigit() and g.isdigit()):
         raise ConfigError(f"anchormass={opts['anchormass']}: use <global KV groups per layer>/g<group size>, e.g. 2/g8")
     opts["anchormass"] = (int(share), int(g))
-    for key in ("repeats", "decode_tokens", "threads"):
-        if not str(opts[key]).isdigit() or int(opts[key]) < 1:
-            raise ConfigError(f"{key} must be a whole number >= 1, got {opts[key]!r}")
+    for key in ("repeats", "decode_tokens", "threads", "train_length"):
+        if not str(opts[key]).isdigit() or int(opts[key]) < (0 if key == "train_length" else 1):
+            raise ConfigError(f"{key} must be a whole number (>= 1 except train_length), got {opts[key]!r}")
         opts[key] = int(opts[key])
+    if str(opts["compile"]).lower() not in ("true", "false"):
+        raise ConfigError(f"compile must be true or false, got {opts['compile']!r}")
+    opts["compile"] = str(opts["compile"]).lower() == "true"
     return opts
 
 
@@ -83,6 +88,9 @@ def main(argv: list[str]) -> None:
 
     result = vs_transformers.compare(standard, hf, anchormass, opts["lengths"], opts["repeats"],
                                      opts["decode_tokens"], on_length=keep)
+    if opts["train_length"]:
+        result["train"] = vs_transformers.train_steps(standard, hf, opts["train_length"], opts["repeats"],
+                                                      compiled=opts["compile"])
     result["checkpoint"] = str(path)
     atomic_write_json(out / "bench_hf.json", result)
     text = vs_transformers.report(result)

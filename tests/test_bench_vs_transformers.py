@@ -36,3 +36,24 @@ def test_the_comparison_runs_every_path_on_one_prompt_and_charges_weights_plus_c
     assert res["weight_bytes"] == sum(p.numel() * 4 for p in std.parameters())  # tied head counted once
     text = vs_transformers.report(res)
     assert "| 512" in text and "Decode time per token" in text
+
+
+def test_the_training_step_comparison_scores_the_same_loss_as_transformers():
+    from anchormass.hf.export_llama import llama_from_ours
+
+    torch.manual_seed(0)
+    std = build_model(gqa_config("standard", vocab_size=300))
+    hf = llama_from_ours(std, {"bos": 1, "eos": 2, "pad": 0, "unk": 0}).train()
+    res = vs_transformers.train_steps(std, hf, 96, repeats=1)
+    assert set(res["steps_s"]) == {"ours", "transformers", "ours_bf16_autocast"}
+    assert abs(res["loss"]["ours"] - res["loss"]["transformers"]) < 1e-4
+    assert abs(res["loss"]["ours_bf16_autocast"] - res["loss"]["ours"]) < 0.05
+    assert all(p.grad is None for p in std.parameters())  # each step leaves no gradients behind
+    text = vs_transformers.report({**_tiny_result(std, hf), "train": res})
+    assert "Training step" in text
+
+
+def _tiny_result(std, hf):
+    am = build_variant(std, Variant(1, "index", 8, True), chosen_groups(torch.zeros(std.cfg.n_layers,
+                                                                                   std.cfg.kv_heads), 1, "index"))
+    return vs_transformers.compare(std.eval(), hf.eval(), am, [64], repeats=1, decode_tokens=1)

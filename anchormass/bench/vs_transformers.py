@@ -114,6 +114,36 @@ def compare(standard, hf, anchormass, lengths: list[int], repeats: int, decode_t
                            "global_heads": anchormass.cfg.n_global_heads, "chunk": am_chunk}}
 
 
+def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False, seed: int = 0) -> dict:
+    """One training step (forward, next-token loss, backward; no optimizer update) on [1, length]:
+    ours in fp32, ours under bf16 autocast, ours through torch.compile (optional: compiling costs
+    minutes on CPU), transformers in fp32; interleaved medians and each step's loss on the same batch."""
+    ids = workloads.random_ids(standard.cfg.vocab_size, 1, length, seed, "cpu")
+    losses = {}
+
+    def ours(model=standard, autocast=False, name="ours"):
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = model(ids)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss.backward()
+            standard.zero_grad(set_to_none=True)
+            losses[name] = float(loss.detach())
+        return step
+
+    def theirs():
+        loss = hf(input_ids=ids, labels=ids).loss  # transformers shifts the labels itself
+        loss.backward()
+        hf.zero_grad(set_to_none=True)
+        losses["transformers"] = float(loss.detach())
+
+    fns = {"ours": ours(), "transformers": theirs, "ours_bf16_autocast": ours(autocast=True, name="ours_bf16_autocast")}
+    if compiled:
+        fns["ours_compiled"] = ours(torch.compile(standard), name="ours_compiled")
+    times = measure.time_interleaved(fns, "cpu", 1, repeats)  # the warm-up also compiles
+    return {"length": length, "steps_s": {k: t.to_dict() for k, t in times.items()}, "loss": losses}
+
+
 HEADER = ["length", "prefill ours s", "prefill transformers s", "ratio", "prefill AnchorMass s", "decode ours ms/tok",
           "decode transformers ms/tok", "ratio", "decode AnchorMass ms/tok", "floor ms/tok (Standard / AnchorMass)",
           "cache MiB (Standard / AnchorMass)", "same first token"]
@@ -153,4 +183,12 @@ def report(result: dict) -> str:
              f"{result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s. AnchorMass: "
              f"{a['label']} ({a['global_heads']} global query heads per layer, G={a['group_size']}), prefilled in "
              f"chunks of {a['chunk']}."]
+    if result.get("train"):
+        t = result["train"]
+        base = t["steps_s"]["ours"]["median_s"]
+        cells = [f"{name} {v['median_s']:.1f} s (x{v['median_s'] / base:.2f}, CPU x"
+                 f"{v['cpu_median_s'] / t['steps_s']['ours']['cpu_median_s']:.2f}; loss {t['loss'][name]:.4f})"
+                 for name, v in t["steps_s"].items()]
+        lines.append(f"Training step (forward + loss + backward, no update) on 1 x {t['length']:,} tokens, times "
+                     f"relative to ours in fp32: " + "; ".join(cells) + ".")
     return "\n\n".join(lines) + "\n"
