@@ -51,7 +51,7 @@ def cli() -> None:
     """`python evaluate.py ...` and `anchormass-eval ...`."""
     from anchormass.cli_help import exit_with_help, presets
     from anchormass.eval.registry import SUITES
-    from anchormass.training.logged_process import follow_parent
+    from anchormass.runs.logged_process import follow_parent
 
     exit_with_help(sys.argv[1:], "evaluate.py", __doc__, ["eval", "model"], "evaluate",
                    {"suite": [*SUITES, "all"], "compare_model": presets("model")})

@@ -68,7 +68,7 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     """`python scripts/prepare_data.py ...` and `anchormass-prepare ...`."""
     from anchormass.cli_help import exit_with_help
-    from anchormass.training.logged_process import follow_parent
+    from anchormass.runs.logged_process import follow_parent
 
     exit_with_help(sys.argv[1:], "scripts/prepare_data.py", __doc__, ["data"])
 
