@@ -54,7 +54,8 @@ STAGE = ["stage=pretrain_1k", "model=standard_tiny", "stage.total_steps=4", "hyd
 def curriculum_stage(tmp_path, monkeypatch, extra=()):
     """A finished stage recorded as execute.py records it, under a copy of configs/ the row may edit."""
     from anchormass.curriculum import stage_identity
-    from anchormass.curriculum.execute import ARGS_FILE, StageRun, stage_record
+    from anchormass.curriculum.execute import StageRun, stage_record
+    from anchormass.runs.layout import STAGE_ARGS_FILE as ARGS_FILE
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIG_ROOT, configs)
@@ -90,7 +91,8 @@ def changed_default(tmp_path, monkeypatch, capsys):
 def lost_record(damage):
     def run(tmp_path, monkeypatch, capsys):
         from anchormass.curriculum.changes import check_changes
-        from anchormass.curriculum.execute import ARGS_FILE, StageRun
+        from anchormass.curriculum.execute import StageRun
+        from anchormass.runs.layout import STAGE_ARGS_FILE as ARGS_FILE
 
         _, folder, _ = curriculum_stage(tmp_path, monkeypatch)
         damage(folder / ARGS_FILE)

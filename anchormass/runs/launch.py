@@ -97,9 +97,9 @@ def check_launcher_rerun(cfg: DictConfig) -> None:
 def run_stage(cfg: DictConfig) -> float | None:
     """Hydra's task function: train one stage. Returns the sweeper's objective, the run's last
     validation loss (None for a run that did not train all its steps, or a refused search trial)."""
-    from anchormass.training.callbacks import TrainingDiverged
     from anchormass.runs.preemption import TrainingInterrupted, exit_interrupted
     from anchormass.runs.train import train
+    from anchormass.training.callbacks import TrainingDiverged
 
     apply_verbosity(cfg)
     try:

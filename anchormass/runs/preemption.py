@@ -26,10 +26,10 @@ from typing import Any, Iterator, NoReturn
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from anchormass.training.callbacks import SaveLastOnEnd
 from anchormass.runs.logged_process import request_stop
 from anchormass.runs.slurm_requeue import requeue
 from anchormass.runs.stage_console import shown
+from anchormass.training.callbacks import SaveLastOnEnd
 
 # sysexits.h EX_TEMPFAIL: "temporary failure, try again". A run (or a curriculum) that exits with it
 # stopped on a signal after saving; rerunning the same command resumes it.
