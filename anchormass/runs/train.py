@@ -1,4 +1,5 @@
-"""The train function behind train.py: check inputs, build module/data/trainer, fit.
+"""The train function behind train.py: check inputs, build the module (start_module.py), the data and
+the trainer (trainer.py), fit, and record the result in the run folder (layout.py: train_result.json).
 
 Stage chaining: `init_from=<ckpt>` copies weights only and carries `trained_lengths`;
 `ckpt_path=<ckpt>` (or `last`) resumes exactly: weights, optimizer, scheduler, loop counters,
