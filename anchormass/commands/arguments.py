@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from anchormass.cli import check_group_choices, check_overrides, quoted_where_needed
+from anchormass.errors import ConfigError
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -28,3 +29,10 @@ def check_arguments(script: str, doc: str, config_name: str, groups: list[str],
     sys.argv[1:] = quoted_where_needed(sys.argv[1:])
     check_group_choices(CONFIG_ROOT, sys.argv[1:])
     check_overrides(CONFIG_ROOT, config_name, sys.argv[1:], check=check)
+
+
+def require_paths(cfg, keys: tuple[str, ...], usage: str) -> None:
+    """Refuse, in one line that shows the usage, a command line without one of the paths `keys`."""
+    for key in keys:
+        if not cfg.get(key):
+            raise ConfigError(f"{key}=<path> is required ({usage})")

@@ -15,17 +15,13 @@ from omegaconf import DictConfig
 
 from anchormass.cli import exit_on_error
 from anchormass.command_names import command
-from anchormass.commands.arguments import check_arguments
-from anchormass.errors import ConfigError
+from anchormass.commands.arguments import check_arguments, require_paths
 from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
-    for key in ("ckpt", "out"):
-        if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required ({command('scripts/export_hf.py')} ckpt=<path.ckpt> "
-                              f"out=<dir>)")
+    require_paths(cfg, ("ckpt", "out"), f"{command('scripts/export_hf.py')} ckpt=<path.ckpt> out=<dir>")
     from anchormass.extras import require
 
     require("hf", "export")  # before the checkpoint loads

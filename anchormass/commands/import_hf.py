@@ -18,17 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from anchormass.cli import exit_on_error
 from anchormass.command_names import command
-from anchormass.commands.arguments import check_arguments
-from anchormass.errors import ConfigError
+from anchormass.commands.arguments import check_arguments, require_paths
 from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
-    for key in ("src", "out"):
-        if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required "
-                              f"({command('scripts/import_hf.py')} src=<folder|file.gguf> out=<dir>)")
+    require_paths(cfg, ("src", "out"), f"{command('scripts/import_hf.py')} src=<folder|file.gguf> out=<dir>")
     from anchormass.extras import require
 
     require("hf", "import", ["transformers", "safetensors", "tokenizers", "gguf"])  # before anything is read
