@@ -2,7 +2,7 @@
 
 Linux's PR_SET_PDEATHSIG asks the kernel to signal this process when the thread that created it
 exits; elsewhere this is a no-op (those children are then left to their own end, as before).
-Used by the curriculum's stages (training/logged_process.follow_parent) and by prepare_data's
+Used by the curriculum's stages (runs/logged_process.follow_parent) and by prepare_data's
 encoding workers (data/parallel_encode.py), which the parent's death otherwise re-parents to init.
 """
 

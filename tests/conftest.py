@@ -65,7 +65,8 @@ def data(tmp_path_factory):
 def reference(data, tmp_path_factory) -> Path:
     """The uninterrupted run (_train_helpers.REFERENCE) that the kill / stop / resume tests compare
     their resumed runs with, trained once per test session: its run folder."""
-    from anchormass.training.run import finished_run, train
+    from anchormass.runs.layout import finished_run
+    from anchormass.runs.train import train
 
     from _train_helpers import REFERENCE, compose_train
 

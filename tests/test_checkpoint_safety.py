@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 from anchormass.curriculum.recipe import load_recipe
 from anchormass.data.prepare import prepare
 from anchormass.errors import CheckpointError, ConfigError
+from anchormass.runs.resume_point import latest_checkpoint, recorded_step
+from anchormass.runs.train import train
 from anchormass.training.checkpoint import AtomicCheckpointIO, atomic_torch_save, read_checkpoint
-from anchormass.training.resume_point import latest_checkpoint, recorded_step
-from anchormass.training.run import train
 from anchormass.training.safe_load import UnsafeCheckpoint, safe_torch_load
 from anchormass.training.strategies import SafeFSDPStrategy
 

@@ -20,7 +20,7 @@ TINY = ["stage.seq_len=64", "stage.total_steps=1", "stage.global_batch_size=2", 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict:
-    from anchormass.training.run import train
+    from anchormass.runs.train import train
 
     base = tmp_path_factory.mktemp("cli_paths")
     data = tiny_datasets(base / "data")["pretrain"]

@@ -158,3 +158,33 @@ def test_mass_per_group_is_exactly_G(seed, blocks, scale, spike):
     assert torch.equal(per_group.sum(-1), torch.full_like(per_group[..., 0], float(cfg.group_size)))
     assert set(per_group[..., 1].unique().tolist()) <= {0.0, 1.0}
     assert torch.isfinite(sv).all()
+
+
+def test_the_retrofit_probe_reads_the_anchor_and_the_layout_from_the_model():
+    """slot_probe.LayerView asks compression.anchor_index and kernels.layout.query_view: the positions it
+    calls `anchor` hold exactly the background slots' keys, `outlier` the outlier slots' keys, and a query
+    sees sinks, the slots of the blocks before its own, then its own block raw."""
+    from anchormass.eval.suites.retrofit.slot_probe import LayerQKV, LayerView
+    from anchormass.models.kernels.layout import query_view
+
+    cfg = _cfg(n_sinks=3, outlier_cos=0.99)
+    torch.manual_seed(0)
+    t, nl = 3 + 2 * 16 + 5, cfg.n_local_heads  # sinks, two whole blocks, five tokens of a third
+    q, k, v = (torch.randn(2, cfg.n_heads, t, 4) for _ in range(3))
+    v[0, nl:, 3:3 + G] = torch.tensor([E1] * (G - 1) + [E2])  # row 0's first group: its outlier last
+    view = LayerView(cfg, LayerQKV(q, k, v))
+    query = t - 1
+    statuses = [[view.status(b, p, query) for p in range(t)] for b in range(2)]
+    assert {"anchor", "outlier", "averaged"} <= set(statuses[0] + statuses[1])
+    assert statuses[0][3:3 + G] == ["averaged"] * (G - 2) + ["anchor", "outlier"]
+    for b in range(2):
+        assert statuses[b][:3] == ["raw"] * 3 and statuses[b][35:] == ["raw"] * 5
+        for p, status in enumerate(statuses[b]):
+            slot = 2 * ((p - 3) // G) + (status == "outlier")
+            if status in ("anchor", "outlier"):
+                assert torch.equal(view.slot_k[b, :, slot], k[b, nl:, p])
+    assert query_view(query, 3, 16, 2) == query_view(query, 3, 16)
+    seen = query_view(query, 3, 16)
+    assert (seen.n_sink, seen.slot_blocks, seen.compressed_end, seen.tail_start) == (3, 2, 35, 35)
+    assert query_view(1, 3, 16) == type(seen)(1, 2, 0, 3, 2)  # a sink sees the sinks up to itself
+    assert query_view(20, 3, 16).tail_start == 19 and query_view(18, 3, 16).slot_blocks == 0

@@ -13,8 +13,8 @@ import pytest
 
 from anchormass.errors import ConfigError
 from anchormass.logging_setup import ConsoleFilter, check_verbose
-from anchormass.training.progress import PROGRESS_FILE, read_progress
-from anchormass.training.stage_console import StageConsole, Task
+from anchormass.runs.progress import PROGRESS_FILE, read_progress
+from anchormass.runs.stage_console import StageConsole, Task
 
 from _train_helpers import FAST, REPO, stage_data, subprocess_env, tiny_datasets, train_cmd
 
@@ -114,11 +114,11 @@ def test_console_filter_keeps_our_records_and_errors_at_the_default_level():
         return logging.LogRecord(name, level, __file__, 1, "m", None, None)
 
     default, quiet, everything = ConsoleFilter(1), ConsoleFilter(0), ConsoleFilter(2)
-    assert default.filter(rec("anchormass.training.run", logging.INFO))
+    assert default.filter(rec("anchormass.runs.train", logging.INFO))
     assert not default.filter(rec("lightning.pytorch.utilities.rank_zero", logging.INFO))
     assert not default.filter(rec("py.warnings", logging.WARNING))
     assert default.filter(rec("lightning.pytorch", logging.ERROR))
-    assert not quiet.filter(rec("anchormass.training.run", logging.INFO))
+    assert not quiet.filter(rec("anchormass.runs.train", logging.INFO))
     assert everything.filter(rec("py.warnings", logging.WARNING))
     for bad in (3, -1, "loud", True):
         with pytest.raises(ConfigError):

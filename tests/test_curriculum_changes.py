@@ -9,10 +9,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from anchormass.curriculum.changes import check_changes
-from anchormass.curriculum.execute import ARGS_FILE, StageRun, failure_text, stage_record
+from anchormass.curriculum.execute import StageRun, failure_text, stage_record
 from anchormass.curriculum.stage_identity import identify
 from anchormass.errors import ConfigError
-from anchormass.training.run_settings import run_settings
+from anchormass.runs.layout import STAGE_ARGS_FILE as ARGS_FILE
+from anchormass.runs.run_settings import run_settings
 from anchormass.utils import CONFIG_ROOT
 
 ARGS = ["stage=pretrain_1k", "stage.total_steps=200", "stage.lr=0.001", "hydra.run.dir=/x", "logger=csv"]

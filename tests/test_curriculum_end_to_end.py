@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from anchormass.curriculum.execute import LOCK_FILE_NAME
 from anchormass.curriculum.runner import run_curriculum
 from anchormass.errors import ConfigError
-from anchormass.training.preemption import EXIT_INTERRUPTED
+from anchormass.runs.preemption import EXIT_INTERRUPTED
 
 from _train_helpers import CONFIG_DIR, REPO, subprocess_env
 from test_train_curriculum import curriculum_cmd, tiny_curriculum

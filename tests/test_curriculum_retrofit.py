@@ -18,7 +18,7 @@ from anchormass.eval.aggregate import write_aggregate
 from anchormass.eval.suites.retrofit.cells import chain_folders, learning_curve
 from anchormass.eval.suites.retrofit.plots import heads_plot
 from anchormass.eval.suites.retrofit.pool import merge_runs, pool_seeds
-from anchormass.training.run import finished_run
+from anchormass.runs.layout import finished_run
 
 from _train_helpers import CONFIG_DIR
 from test_train_curriculum import load_curriculum, planned_runs

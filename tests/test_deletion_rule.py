@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 from anchormass.errors import ConfigError
 from anchormass.eval import runner
 from anchormass.own_files import RECORD, STAGING_MARK, foreign, record
+from anchormass.runs.resume_point import make_last_the_newest
+from anchormass.runs.run_dir import claim, release
+from anchormass.runs.train import clean_before_resume
 from anchormass.training.checkpoint import AtomicCheckpointIO
-from anchormass.training.resume_point import make_last_the_newest
-from anchormass.training.run import clean_before_resume
-from anchormass.training.run_dir import claim, release
 
 from _train_helpers import CONFIG_DIR
 
@@ -107,7 +107,7 @@ def test_a_staging_folder_is_removed_only_when_it_is_ours(tmp_path, no_model_loa
     assert not staging.exists() and sorted(os.listdir(out)) == [RECORD, "results.json"]
 
 
-# -- a resume's clean-up (training/run.py: clean_before_resume, resume_point.py)
+# -- a resume's clean-up (runs/train.py: clean_before_resume, resume_point.py)
 
 def resume_config(run, keep: int):
     return OmegaConf.create({"output_dir": str(run), "ckpt_path": None,
@@ -166,7 +166,7 @@ def test_lightnings_rotation_removes_only_recorded_checkpoints(tmp_path):
     assert (tmp_path / "step-0000001.ckpt").is_file()
 
 
-# -- a fresh run, overwrite=true (training/run_dir.py: claim)
+# -- a fresh run, overwrite=true (runs/run_dir.py: claim)
 
 def test_a_fresh_run_clears_only_what_our_runs_wrote(tmp_path):
     run = tmp_path / "run"

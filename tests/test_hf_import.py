@@ -152,7 +152,7 @@ def test_anchormass_starts_from_the_import_with_init_from(imported, tmp_path):
     from omegaconf import OmegaConf
 
     from anchormass.data.prepare import prepare
-    from anchormass.training.run import train
+    from anchormass.runs.train import train
 
     from _train_helpers import FAST, compose_train
 

@@ -54,7 +54,8 @@ STAGE = ["stage=pretrain_1k", "model=standard_tiny", "stage.total_steps=4", "hyd
 def curriculum_stage(tmp_path, monkeypatch, extra=()):
     """A finished stage recorded as execute.py records it, under a copy of configs/ the row may edit."""
     from anchormass.curriculum import stage_identity
-    from anchormass.curriculum.execute import ARGS_FILE, StageRun, stage_record
+    from anchormass.curriculum.execute import StageRun, stage_record
+    from anchormass.runs.layout import STAGE_ARGS_FILE as ARGS_FILE
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIG_ROOT, configs)
@@ -90,7 +91,8 @@ def changed_default(tmp_path, monkeypatch, capsys):
 def lost_record(damage):
     def run(tmp_path, monkeypatch, capsys):
         from anchormass.curriculum.changes import check_changes
-        from anchormass.curriculum.execute import ARGS_FILE, StageRun
+        from anchormass.curriculum.execute import StageRun
+        from anchormass.runs.layout import STAGE_ARGS_FILE as ARGS_FILE
 
         _, folder, _ = curriculum_stage(tmp_path, monkeypatch)
         damage(folder / ARGS_FILE)
@@ -118,7 +120,7 @@ def run_sweep(tmp_path, steps):
     import optuna
     from omegaconf import OmegaConf
 
-    from anchormass.training.optuna_search import sweep
+    from anchormass.runs.optuna_search import sweep
 
     class Impl:  # what optuna_search.sweep reads of the Optuna plugin's OptunaSweeperImpl
         def __init__(self, steps):
@@ -148,7 +150,7 @@ def continued_sweep(tmp_path, monkeypatch, capsys):
 def unrecorded_sweep(tmp_path, monkeypatch, capsys):
     import optuna
 
-    from anchormass.training.optuna_journal import JournalStorage
+    from anchormass.runs.optuna_journal import JournalStorage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="s", storage=JournalStorage(tmp_path / "optuna_study.jsonl"))
@@ -165,7 +167,7 @@ def legacy_sweep_folder(tmp_path, monkeypatch, capsys):
 def overrides_not_strings(tmp_path, monkeypatch, capsys):
     import optuna
 
-    from anchormass.training.optuna_search import params_of
+    from anchormass.runs.optuna_search import params_of
 
     (tmp_path / "0" / ".hydra").mkdir(parents=True)
     (tmp_path / "0" / ".hydra" / "overrides.yaml").write_text("- 1\n- {optim.lr: 2}\n")
@@ -215,7 +217,7 @@ def shard_summary(tmp_path, monkeypatch, capsys):
 
 def unset_env(tmp_path, monkeypatch, capsys):
     from anchormass.cli import check_overrides
-    from anchormass.training.launch_checks import check_train_launch
+    from anchormass.runs.launch_checks import check_train_launch
 
     monkeypatch.delenv("ANCHORMASS_UNSET_46", raising=False)
     return refusal(lambda: check_overrides(CONFIG_ROOT, "train", ["data_dir=${oc.env:ANCHORMASS_UNSET_46}/demo"],
@@ -236,7 +238,7 @@ def journal_with(line: str):
     def run(tmp_path, monkeypatch, capsys):
         import optuna
 
-        from anchormass.training.optuna_journal import JournalStorage
+        from anchormass.runs.optuna_journal import JournalStorage
 
         path = tmp_path / "optuna_study.jsonl"
         optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -30,12 +30,13 @@ LAYERS = {
     "models": 4, "data": 4,                  # the networks; tokenizer and token files
     "cache": 5,                              # caches and stage-2 / KV policies, built for a model
     "inference": 6,                          # prefill + the one decode loop, over model and cache
-    "training": 7,                           # Lightning module, optimiser, runs, checkpoints
-    "bench": 8, "hf": 8,                     # benchmarks (may time training steps); HF export
-    "eval": 9,                               # evaluation suites (may drive anything below)
-    "curriculum": 10,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
-    "commands": 11,                          # the entry points' code (train.py, anchormass-train, ...): on top
-    "__main__": 12,                          # `python -m anchormass`: lists the commands
+    "training": 7,                           # how a model learns: Lightning module, loss, optimiser, checkpoints
+    "runs": 8,                               # the run machinery: a run folder's layout, launch, resume, stop
+    "bench": 9, "hf": 9,                     # benchmarks (may time training steps); HF export
+    "eval": 10,                              # evaluation suites (may drive anything below)
+    "curriculum": 11,                        # recipes, plans and runs of train.py / evaluate.py (drives all)
+    "commands": 12,                          # the entry points' code (train.py, anchormass-train, ...): on top
+    "__main__": 13,                          # `python -m anchormass`: lists the commands
 }
 
 

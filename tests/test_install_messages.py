@@ -55,7 +55,7 @@ def test_relative_paths_are_taken_from_the_current_folder_in_every_command(tmp_p
     (before, in a checkout, prepare_data wrote into the checkout while train.py read ./data)."""
     from anchormass.errors import DataError
     from anchormass.path_checks import check_data_out_dir
-    from anchormass.training.launch_checks import data_metadata
+    from anchormass.runs.launch_checks import data_metadata
     from anchormass.utils import resolve_path
 
     monkeypatch.chdir(tmp_path)

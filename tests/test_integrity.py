@@ -24,6 +24,7 @@ import torch
 from anchormass.data.dataset_dir import verify_dataset
 from anchormass.data.token_file import open_tokens, write_tokens
 from anchormass.errors import AnchorMassError, CheckpointError, DataError
+from anchormass.runs.train import train
 from anchormass.training.checkpoint import (
     CHECKSUM_KEY,
     atomic_torch_save,
@@ -31,7 +32,6 @@ from anchormass.training.checkpoint import (
     load_model,
     read_checkpoint,
 )
-from anchormass.training.run import train
 from anchormass.utils import atomic_write_text
 
 from _train_helpers import FAST, REPO, compose_train, one_error_line, run_cli, train_cmd

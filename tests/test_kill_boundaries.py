@@ -16,10 +16,12 @@ from anchormass import utils
 from anchormass.curriculum import execute as curriculum
 from anchormass.curriculum.execute import StageRun, execute
 from anchormass.own_files import recorded
-from anchormass.training import checkpoint, optuna_search, run_dir
-from anchormass.training.preemption import TrainingInterrupted
-from anchormass.training.run import finished_run, train
-from anchormass.training.stage_console import StageConsole
+from anchormass.runs import optuna_search, run_dir
+from anchormass.runs.layout import finished_run
+from anchormass.runs.preemption import TrainingInterrupted
+from anchormass.runs.stage_console import StageConsole
+from anchormass.runs.train import train
+from anchormass.training import checkpoint
 
 from _train_helpers import FAST, compose_train, model_params
 

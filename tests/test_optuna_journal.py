@@ -1,9 +1,9 @@
-"""The sweep's study file (training/optuna_journal.py): a second process opening it sees the same
+"""The sweep's study file (runs/optuna_journal.py): a second process opening it sees the same
 trials, states, parameters and values; a half-written last line is ignored."""
 
 import optuna
 
-from anchormass.training.optuna_journal import JournalStorage
+from anchormass.runs.optuna_journal import JournalStorage
 
 
 def test_a_study_reopened_from_its_journal_is_the_same_study(tmp_path):

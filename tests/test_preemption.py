@@ -1,4 +1,4 @@
-"""Preemption (anchormass/training/preemption.py): SIGTERM / SIGUSR1 save a resumable checkpoint at
+"""Preemption (anchormass/runs/preemption.py): SIGTERM / SIGUSR1 save a resumable checkpoint at
 the next optimizer-step boundary and exit 75; the curriculum passes stop signals on to its stages,
 never starts a stage from an unfinished one, and one curriculum folder has one runner at a time.
 A real SIGTERM to a running curriculum and its resume are in tests/test_curriculum_end_to_end.py."""
@@ -20,10 +20,10 @@ from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnv
 from anchormass.curriculum import execute as curriculum
 from anchormass.curriculum.execute import LOCK_FILE_NAME, StageRun, execute
 from anchormass.dir_lock import DirLock
-from anchormass.training import logged_process
-from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals, preempt_signals
-from anchormass.training.run import train
-from anchormass.training.stage_console import StageConsole
+from anchormass.runs import logged_process
+from anchormass.runs.preemption import EXIT_INTERRUPTED, TrainingInterrupted, forward_stop_signals, preempt_signals
+from anchormass.runs.stage_console import StageConsole
+from anchormass.runs.train import train
 
 from _train_helpers import REFERENCE, REPO, compose_train, model_params, run_train, subprocess_env, train_cmd
 from test_train_curriculum import curriculum_cmd, tiny_curriculum
@@ -44,7 +44,7 @@ def signal_hook(step: int, name: str) -> list[str]:
 
 def test_preempt_signals_take_sigusr1_under_lightnings_slurm_requeue_too():
     """Lightning's SLURM handler would save mid-step from the signal; ours saves at the boundary and
-    then requeues through it (training/slurm_requeue.py, tests/test_slurm_requeue.py)."""
+    then requeues through it (runs/slurm_requeue.py, tests/test_slurm_requeue.py)."""
     plain = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=LightningEnvironment()))
     slurm = SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=SLURMEnvironment()))
     assert preempt_signals(plain) == preempt_signals(slurm) == preempt_signals() == (signal.SIGTERM, signal.SIGUSR1)
@@ -255,9 +255,9 @@ def test_a_stage_ends_with_its_runner_even_on_sigkill(tmp_path):
     import time
 
     pid_file = tmp_path / "child.pid"
-    child = ("from anchormass.training.logged_process import follow_parent; follow_parent(); "
+    child = ("from anchormass.runs.logged_process import follow_parent; follow_parent(); "
              f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
-    runner = ("import sys; from anchormass.training.logged_process import run_logged; "
+    runner = ("import sys; from anchormass.runs.logged_process import run_logged; "
               f"run_logged([sys.executable, '-c', {child!r}], {str(tmp_path / 'child.log')!r})")
     proc = subprocess.Popen([sys.executable, "-c", runner])
     try:

@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import Callback
 
 from anchormass.errors import ConfigError
 from anchormass.own_files import RECORD
+from anchormass.runs.train import train
 from anchormass.training.optim import lr_factor
-from anchormass.training.run import train
 
 from _train_helpers import FAST, REFERENCE, compose_train, csv_rows, model_params, run_train
 

@@ -15,8 +15,8 @@ from anchormass.data.testing import tiny_pretrain
 from anchormass.dir_lock import DirLock, FolderBusy
 from anchormass.errors import ConfigError
 from anchormass.own_files import STAGING_MARK
-from anchormass.training.run import train
-from anchormass.training.run_dir import LOCK_FILE
+from anchormass.runs.run_dir import LOCK_FILE
+from anchormass.runs.train import train
 
 from _train_helpers import FAST, REPO, compose_train, run_train, subprocess_env, train_cmd
 

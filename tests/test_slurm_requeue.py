@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from anchormass.curriculum.execute import StageRun
-from anchormass.training.preemption import EXIT_INTERRUPTED
-from anchormass.training.slurm_requeue import requeue, requeue_resume
+from anchormass.runs.preemption import EXIT_INTERRUPTED
+from anchormass.runs.slurm_requeue import requeue, requeue_resume
 
 from _train_helpers import FAST, REPO, model_params, run_train, subprocess_env, train_cmd
 

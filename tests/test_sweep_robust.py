@@ -93,7 +93,7 @@ def test_an_interrupted_sweep_resumes_its_trial_and_a_rerun_draws_new_parameters
 def test_an_interrupted_trial_of_an_older_sweep_folder_is_never_ranked(tmp_path):
     """A sweep folder without the study journal is read from its trial folders: a trial that did
     not train all its steps has no objective (before, its mid-run loss was told as a result)."""
-    from anchormass.training.optuna_search import objective_of
+    from anchormass.runs.optuna_search import objective_of
 
     folder = tmp_path / "0"
     folder.mkdir()

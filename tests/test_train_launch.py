@@ -1,4 +1,4 @@
-"""A `train.py` launch composes its config once before Hydra (training/launch.py: the checks, the
+"""A `train.py` launch composes its config once before Hydra (runs/launch.py: the checks, the
 run folder's claim and a launcher's rerun check all read that one composition); Hydra's own
 compositions for the run follow. Counted in-process, with the training itself stubbed."""
 
@@ -34,7 +34,7 @@ def counted(monkeypatch):
 
 def test_a_launch_composes_its_config_once_before_hydra(counted, monkeypatch, tmp_path, capsys):
     from anchormass.commands import train as command
-    from anchormass.training import run
+    from anchormass.runs import train as run
 
     data = tiny_datasets(tmp_path / "data")["pretrain"]
     trained = []

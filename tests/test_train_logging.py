@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from anchormass.data.dataset_dir import fingerprint
+from anchormass.runs.train import train
 from anchormass.training.device_peak import known_peak_tflops
 from anchormass.training.optim import grad_norm
-from anchormass.training.run import train
 from anchormass.utils import git_commit
 
 from _train_helpers import FAST, compose_train

@@ -12,10 +12,11 @@ from omegaconf import OmegaConf
 from anchormass.data.datamodule import datamodule_config
 from anchormass.errors import CheckpointError, ConfigError, DataError
 from anchormass.models import load_model_config
+from anchormass.runs.start_module import check_same_architecture
+from anchormass.runs.train import train
 from anchormass.training.callbacks import TrainingDiverged
 from anchormass.training.checkpoint import load_model, read_checkpoint
 from anchormass.training.checkpoint_tokenizer import from_carried
-from anchormass.training.run import check_same_architecture, train
 
 from _train_helpers import FAST, compose_train, stage_data
 
@@ -153,7 +154,7 @@ def test_resume_checks_the_new_fields_and_accepts_checkpoints_older_than_them():
 
 
 def test_init_from_with_another_tokenizer_is_refused(tmp_path):
-    from anchormass.training.run import check_same_tokenizer
+    from anchormass.runs.start_module import check_same_tokenizer
 
     saved = {"tokenizer_checksum": "a" * 64}
     with pytest.raises(CheckpointError, match="tokenizer aaaaaaaaaaaa, but .* tokenized with 000000000000"):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from anchormass.training.run import train
+from anchormass.runs.train import train
 
 from _train_helpers import (
     FAST,

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from anchormass.errors import CheckpointError, ConfigError
 from anchormass.models import build_model
 from anchormass.models.config import load_model_config
+from anchormass.runs.trainer import accumulation
 from anchormass.training.checkpoint import atomic_torch_save, load_model, read_checkpoint
 from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.optim import build_optimizer, lr_factor, param_groups
-from anchormass.training.run import accumulation
 
 
 def test_schedule_warmup_then_cosine_to_floor():

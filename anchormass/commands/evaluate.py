@@ -11,7 +11,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.cli import exit_on_error
+from anchormass.commands.arguments import check_arguments
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -49,17 +50,11 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python evaluate.py ...` and `anchormass-eval ...`."""
-    from anchormass.cli_help import exit_with_help, presets
+    from anchormass.cli_help import presets
     from anchormass.eval.registry import SUITES
-    from anchormass.training.logged_process import follow_parent
 
-    exit_with_help(sys.argv[1:], "evaluate.py", __doc__, ["eval", "model"], "evaluate",
-                   {"suite": [*SUITES, "all"], "compare_model": presets("model")})
-
-    follow_parent()  # a curriculum's stage ends with its runner
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_ROOT, sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "evaluate", sys.argv[1:])
+    check_arguments("evaluate.py", __doc__, "evaluate", ["eval", "model"],
+                    {"suite": [*SUITES, "all"], "compare_model": presets("model")}, follow_runner=True)
     main()
 
 

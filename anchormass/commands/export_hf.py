@@ -9,23 +9,19 @@ See anchormass/hf/export.py. Bad input exits 2 with one line.
 from __future__ import annotations
 
 import json
-import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.cli import exit_on_error
 from anchormass.command_names import command
-from anchormass.errors import ConfigError
+from anchormass.commands.arguments import check_arguments, require_paths
 from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
-    for key in ("ckpt", "out"):
-        if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required ({command('scripts/export_hf.py')} ckpt=<path.ckpt> "
-                              f"out=<dir>)")
+    require_paths(cfg, ("ckpt", "out"), f"{command('scripts/export_hf.py')} ckpt=<path.ckpt> out=<dir>")
     from anchormass.extras import require
 
     require("hf", "export")  # before the checkpoint loads
@@ -44,13 +40,7 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/export_hf.py ...` and `anchormass-export ...`."""
-    from anchormass.cli_help import exit_with_help
-
-    exit_with_help(sys.argv[1:], "scripts/export_hf.py", __doc__, [], "export_hf",
-                   {"format": ["auto", "llama", "anchormass"]})
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_ROOT, sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "export_hf", sys.argv[1:])  # an unknown key: one line, exit 2
+    check_arguments("scripts/export_hf.py", __doc__, "export_hf", [], {"format": ["auto", "llama", "anchormass"]})
     main()
 
 

@@ -12,23 +12,19 @@ See anchormass/hf/import_checkpoint.py. Bad input exits 2 with one line.
 from __future__ import annotations
 
 import json
-import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.cli import exit_on_error
 from anchormass.command_names import command
-from anchormass.errors import ConfigError
+from anchormass.commands.arguments import check_arguments, require_paths
 from anchormass.utils import CONFIG_ROOT
 
 
 @exit_on_error
 def run(cfg: DictConfig) -> None:
-    for key in ("src", "out"):
-        if not cfg.get(key):
-            raise ConfigError(f"{key}=<path> is required "
-                              f"({command('scripts/import_hf.py')} src=<folder|file.gguf> out=<dir>)")
+    require_paths(cfg, ("src", "out"), f"{command('scripts/import_hf.py')} src=<folder|file.gguf> out=<dir>")
     from anchormass.extras import require
 
     require("hf", "import", ["transformers", "safetensors", "tokenizers", "gguf"])  # before anything is read
@@ -49,12 +45,7 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/import_hf.py ...` and `anchormass-import ...`."""
-    from anchormass.cli_help import exit_with_help
-
-    exit_with_help(sys.argv[1:], "scripts/import_hf.py", __doc__, [], "import_hf")
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_ROOT, sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "import_hf", sys.argv[1:])  # an unknown key: one line, exit 2
+    check_arguments("scripts/import_hf.py", __doc__, "import_hf", [])
     main()
 
 

@@ -10,13 +10,13 @@ Face tokenizer folder, e.g. `data=english_docs tokenizer=<imported checkpoint>/t
 from __future__ import annotations
 
 import json
-import sys
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.cli import exit_on_error
+from anchormass.commands.arguments import check_arguments
 from anchormass.config_checks import check_required
 from anchormass.utils import CONFIG_ROOT
 
@@ -67,15 +67,8 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/prepare_data.py ...` and `anchormass-prepare ...`."""
-    from anchormass.cli_help import exit_with_help
-    from anchormass.training.logged_process import follow_parent
-
-    exit_with_help(sys.argv[1:], "scripts/prepare_data.py", __doc__, ["data"])
-
-    follow_parent()  # a curriculum's stage ends with its runner
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_ROOT, sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "prepare_data", sys.argv[1:], check=check_data_config)
+    check_arguments("scripts/prepare_data.py", __doc__, "prepare_data", ["data"], options_in_help=False,
+                    follow_runner=True, check=check_data_config)
     main()
 
 

@@ -14,13 +14,12 @@ The work is anchormass/curriculum/ (recipe, plan, execution, closing report).
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
+from anchormass.cli import exit_on_error
+from anchormass.commands.arguments import check_arguments
 from anchormass.utils import CONFIG_ROOT
 
 
@@ -35,13 +34,7 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """`python scripts/run_curriculum.py ...` and `anchormass-curriculum ...`."""
-    from anchormass.cli_help import exit_with_help
-
-    exit_with_help(sys.argv[1:], "scripts/run_curriculum.py", __doc__, ["curriculum", "trainer", "logger"],
-                   "run_curriculum")
-    sys.argv[1:] = quoted_where_needed(sys.argv[1:])  # a non-ASCII path is a path
-    check_group_choices(CONFIG_ROOT, sys.argv[1:])
-    check_overrides(CONFIG_ROOT, "run_curriculum", sys.argv[1:])  # an unknown key: one line, exit 2
+    check_arguments("scripts/run_curriculum.py", __doc__, "run_curriculum", ["curriculum", "trainer", "logger"])
     main()
 
 

@@ -1,6 +1,6 @@
 """A rerun against a changed recipe: never credit a stage to settings it was not trained with.
 
-Each stage records what it started with (execute.ARGS_FILE): its composed train config and its
+Each stage records what it started with (runs/layout.py: STAGE_ARGS_FILE): its composed train config and its
 data folder's fingerprint (stage_identity.py). Before anything runs, every stage that is finished
 or resumable is compared with what the recipe, the config files and the data give now; a stage
 whose settings differ (steps, lr, data, length, model fields, a preset file, a default of
@@ -14,7 +14,7 @@ these records is not known to be the same, and is treated as changed (never skip
 - `keep`: the old runs stand, and each is named in a `note:` line.
 
 Keys that only change what is shown or logged (console, logger, callbacks, the run folder) are not
-settings of the run, nor is the thread count (training/run_settings.py): it changes how fast a
+settings of the run, nor is the thread count (runs/run_settings.py): it changes how fast a
 stage runs and the order of floating-point sums, as another machine would, not what it trains. The
 plan itself varies it with `curriculum.parallel`, so a rerun on more or fewer cores must not be
 refused for it.
@@ -29,11 +29,12 @@ import json
 import sys
 from pathlib import Path
 
-from anchormass.curriculum.execute import ARGS_FILE, StageRun
+from anchormass.curriculum.execute import StageRun
 from anchormass.curriculum.stage_identity import data_fingerprint, identify
 from anchormass.errors import ConfigError
-from anchormass.training.run_settings import setting_differences
-from anchormass.training.stage_console import shown
+from anchormass.runs.layout import STAGE_ARGS_FILE, stage_args_file
+from anchormass.runs.run_settings import setting_differences
+from anchormass.runs.stage_console import shown
 
 POLICIES = ("refuse", "retrain", "keep")
 
@@ -41,7 +42,7 @@ POLICIES = ("refuse", "retrain", "keep")
 def recorded(run: StageRun) -> dict | None:
     """The stage's record, None when it is missing or unreadable."""
     try:
-        record = json.loads((run.out_dir / ARGS_FILE).read_text(encoding="utf-8"))
+        record = json.loads(stage_args_file(run.out_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -50,9 +51,9 @@ def recorded(run: StageRun) -> dict | None:
 def config_differences(record: dict | None, run: StageRun) -> list[str]:
     """How the stage's recorded config differs from the one composed now (or why it is not known)."""
     if record is None:
-        return [f"its record {ARGS_FILE} is missing or unreadable, so what it was trained with is not known"]
+        return [f"its record {STAGE_ARGS_FILE} is missing or unreadable, so what it was trained with is not known"]
     if not isinstance(record.get("settings"), dict):
-        return [f"its {ARGS_FILE} records only its arguments (written before configs were recorded), so "
+        return [f"its {STAGE_ARGS_FILE} records only its arguments (written before configs were recorded), so "
                 f"whether its preset or default files changed is not known"]
     if run.settings is None:
         return [run.unknown or "its config is not known now"]

@@ -17,7 +17,8 @@ from pathlib import Path
 from anchormass.curriculum.execute import StageRun, run_step
 from anchormass.curriculum.recipe import Recipe
 from anchormass.eval.aggregate import write_aggregate
-from anchormass.training.stage_console import StageConsole, shown
+from anchormass.runs.layout import logs_dir
+from anchormass.runs.stage_console import StageConsole, shown
 from anchormass.utils import atomic_write_text
 
 
@@ -64,7 +65,7 @@ def evaluate(recipe: Recipe, runs: list[StageRun], root: Path, console: StageCon
                f"compare_ckpt={job.b.last_ckpt}", f"out_dir={job.out_dir}", "overwrite=true", *job.overrides]
         if console.verbose >= 1:
             console.print(f"report {tag}: {job.a.model} vs {job.b.model} at {job.a.stage} ...")
-        log = root / "logs" / (f"report_{job.name}" + (f"_seed{job.seed}" if job.seed is not None else "") + ".log")
+        log = logs_dir(root) / (f"report_{job.name}" + (f"_seed{job.seed}" if job.seed is not None else "") + ".log")
         run_step(console, f"report {tag}", cmd, log, "written")
         reports.append(job.out_dir / "report.md")
         per_entry.setdefault(job.name, []).append(job)

@@ -5,7 +5,7 @@ each with its whole output in `train.log`. Each model's stages run in order, up 
 chains side by side. Re-running the same command continues where it stopped: finished stages
 (train_result.json recording `completed: true` at the stage's total steps) are skipped, an
 interrupted one resumes exactly from its own last.ckpt. A stop signal to the runner reaches its
-running stages, which save at their next optimizer step (training/preemption.py); no stage starts
+running stages, which save at their next optimizer step (runs/preemption.py); no stage starts
 after it, and none ever starts from a stage that did not finish. One runner per `runs/<curriculum>/`.
 """
 
@@ -24,19 +24,15 @@ from typing import Iterator
 
 from anchormass.curriculum.stage_identity import data_fingerprint, identify
 from anchormass.dir_lock import DirLock
-from anchormass.training.logged_process import request_stop, run_logged, stop_requested
-from anchormass.training.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
-from anchormass.training.progress import PROGRESS_FILE
-from anchormass.training.run import RESULT_FILE, finished_run
-from anchormass.training.run_dir import checkpoints_in
-from anchormass.training.stage_console import StageConsole, Task, shown
+from anchormass.runs.layout import finished_run, last_checkpoint, result_file, stage_args_file
+from anchormass.runs.logged_process import request_stop, run_logged, stop_requested
+from anchormass.runs.preemption import EXIT_INTERRUPTED, TrainingInterrupted, signal_name
+from anchormass.runs.progress import PROGRESS_FILE
+from anchormass.runs.run_dir import checkpoints_in
+from anchormass.runs.stage_console import StageConsole, Task, shown
 from anchormass.utils import atomic_write_json
 
 LOG_FILE = "train.log"
-# What a stage was started with, written before its first start: its train.py arguments, the run it
-# starts from, its composed config and its data folder's fingerprint (stage_identity.py). A rerun
-# compares them with what the recipe gives now, so a changed recipe never inherits an old result.
-ARGS_FILE = "stage_args.json"
 LOCK_FILE_NAME = ".curriculum.lock"  # in runs/<curriculum>/, held while a runner works there
 # The runner's code for a stage killed by a signal it did not send (the OOM killer's SIGKILL): a
 # failure, resumable by a rerun, not the shell's 128+n (SystemExit(-9) exited 247).
@@ -69,10 +65,10 @@ class StageRun:
 
     @property
     def last_ckpt(self) -> Path:
-        return self.out_dir / "checkpoints" / "last.ckpt"
+        return last_checkpoint(self.out_dir)
 
     def result(self) -> dict | None:
-        path = self.out_dir / RESULT_FILE
+        path = result_file(self.out_dir)
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def is_done(self) -> bool:
@@ -164,9 +160,9 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         return 0
     (run.out_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier attempt's records would show as live
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    if not (run.out_dir / ARGS_FILE).is_file():  # a resume keeps the record of the run's first start
+    if not stage_args_file(run.out_dir).is_file():  # a resume keeps the record of the run's first start
         identify([run])
-        atomic_write_json(run.out_dir / ARGS_FILE, stage_record(run), indent=1)
+        atomic_write_json(stage_args_file(run.out_dir), stage_record(run), indent=1)
     console.post("started", task)
     echo = (lambda line, t=task: console.post("line", t, text=line)) if console.verbose >= 2 else None
     t0 = time.perf_counter()
@@ -178,7 +174,7 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
         console.post("failed", task, message=failure_text(run, rc, time.perf_counter() - t0))
         return rc if rc > 0 else EXIT_KILLED
     if not run.is_done():  # exit 0 without its total steps: its next stage must not start from it
-        console.post("failed", task, message=f"exit 0, but {shown(run.out_dir / RESULT_FILE)} does not record "
+        console.post("failed", task, message=f"exit 0, but {shown(result_file(run.out_dir))} does not record "
                                              f"its total steps as completed; rerun the same command to resume")
         return 1
     console.post("finished", task, message=finished_text(run, time.perf_counter() - t0))
@@ -186,7 +182,9 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
 
 
 def stage_record(run: StageRun) -> dict:
-    """stage_args.json: what the stage starts with (see ARGS_FILE)."""
+    """stage_args.json (runs/layout.py), written before the stage's first start: its train.py arguments,
+    the run it starts from, its composed config and its data folder's fingerprint (stage_identity.py).
+    A rerun compares them with what the recipe gives now, so a changed recipe never inherits an old result."""
     return {"args": run.args, "init_from": str(run.init_from) if run.init_from else None,
             "settings": run.settings,
             "data": {"dir": str(run.data_dir) if run.data_dir else None, "fingerprint": data_fingerprint(run.data_dir)}}

@@ -28,7 +28,8 @@ from anchormass.curriculum.recipe import ModelSpec, Recipe, StageSpec
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
-from anchormass.training.run import ACROSS_ARCH_FIELDS, ARCH_FIELDS
+from anchormass.runs.layout import last_checkpoint, seed_folder, stage_folder
+from anchormass.runs.start_module import ACROSS_ARCH_FIELDS, ARCH_FIELDS
 from anchormass.utils import CONFIG_ROOT, resolve_path
 
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
@@ -37,7 +38,7 @@ TENSOR_FIELDS = tuple(k for k in ARCH_FIELDS if k not in ACROSS_ARCH_FIELDS)
 # Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
 # file, and its progress to a small file the runner shows as a live line.
 STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",
-                      "++callbacks.progress_file._target_=anchormass.training.progress.ProgressFile"]
+                      "++callbacks.progress_file._target_=anchormass.runs.progress.ProgressFile"]
 # scripts/run_curriculum.py's own settings; every other command-line override is for train.py.
 RUNNER_KEYS = ("curriculum", "runs_root", "evaluate", "verbose", "changed")
 # Hydra settings that belong to the stages: the launcher that runs each train.py (e.g. on Slurm).
@@ -65,14 +66,14 @@ class PlannedRun:
 
     @property
     def last_ckpt(self) -> Path:
-        return self.out_dir / "checkpoints" / "last.ckpt"
+        return last_checkpoint(self.out_dir)
 
 
 def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = ()) -> list[PlannedRun]:
     order = [s.key for s in recipe.stages]
     runs: list[PlannedRun] = []
     for seed in recipe.seed_list:
-        base = runs_root / recipe.name / (f"seed{seed}" if seed is not None else "")
+        base = seed_folder(runs_root / recipe.name, seed)
         owners: dict[str, PlannedRun] = {}  # shared stage -> the first model's run of it
         by_model: dict[str, dict[str, PlannedRun]] = {}  # this seed's runs so far, model -> stage -> run
         for variant in recipe.models:
@@ -81,7 +82,8 @@ def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = (
                 if not variant.trains(entry.key, seed):
                     continue
                 parent = start_run(recipe, variant, entry, seed, done, by_model, order)
-                run = PlannedRun(variant, entry, seed, base / variant.name / entry.key, parent, tuple(extra))
+                folder = stage_folder(base, variant.name, entry.key)
+                run = PlannedRun(variant, entry, seed, folder, parent, tuple(extra))
                 if parent is not None and parent.model != run.model:
                     check_same_tensors(recipe, parent, run)
                 owner = owners.setdefault(entry.key, run) if entry.shared else run

@@ -30,12 +30,14 @@ else the first two models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from anchormass.errors import ConfigError
 from anchormass.path_checks import check_recipe_names
+from anchormass.utils import CHECKOUT
 
 STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
 MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds", "init_from", "stage_overrides"}
@@ -273,6 +275,25 @@ def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple
     return tuple(out)
 
 
+def _report_note(cfg: DictConfig) -> str | None:
+    """The closing report's first line: `report_note` (text), else the text of `report_note_file`, a
+    file of the checkout (a study's finding is kept with its results under docs/results/, not in the
+    recipe). Without a checkout (an installed copy ships configs, not docs) that note is left out."""
+    if cfg.get("report_note") is not None:
+        return str(cfg.report_note)
+    name = cfg.get("report_note_file")
+    if name is None:
+        return None
+    path = Path(str(name))
+    if not path.is_absolute():
+        if CHECKOUT is None:
+            return None
+        path = CHECKOUT / path
+    if not path.is_file():
+        raise ConfigError(f"curriculum {cfg.get('name')}: report_note_file {name} is not a file")
+    return path.read_text(encoding="utf-8")
+
+
 def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
     """The composed `curriculum` node as a checked Recipe (one-line ConfigErrors). Without
     `with_evaluate` the evaluate entries are left out unchecked (a run with evaluate=false)."""
@@ -292,4 +313,4 @@ def load_recipe(cfg: DictConfig, with_evaluate: bool = True) -> Recipe:
                   parallel=parallel, trainer=str(cfg.get("trainer", "cpu")),
                   overrides=tuple(str(o) for o in cfg.get("overrides") or []),
                   eval_overrides=tuple(str(o) for o in cfg.get("eval_overrides") or []),
-                  report_note=None if cfg.get("report_note") is None else str(cfg.report_note))
+                  report_note=_report_note(cfg))

@@ -21,8 +21,9 @@ from anchormass.curriculum.plan import datasets, plan, stage_overrides, stage_ru
 from anchormass.curriculum.recipe import Recipe, load_recipe
 from anchormass.errors import ConfigError, DataError
 from anchormass.logging_setup import check_verbose
-from anchormass.training.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals
-from anchormass.training.stage_console import StageConsole, shown
+from anchormass.runs.layout import logs_dir
+from anchormass.runs.preemption import TrainingInterrupted, exit_interrupted, forward_stop_signals
+from anchormass.runs.stage_console import StageConsole, shown
 from anchormass.utils import atomic_write_json, resolve_path
 
 
@@ -71,7 +72,7 @@ def run_curriculum(cfg: DictConfig, task_overrides: list[str], hydra_overrides: 
     with curriculum_lock(root), forward_stop_signals():
         check_changes(runs, str(cfg.get("changed", "refuse")))
         try:
-            prepare_data(recipe, root / "logs", console)
+            prepare_data(recipe, logs_dir(root), console)
             check_changes(runs, str(cfg.get("changed", "refuse")), data=True)  # the folders the stages read
             summary = execute(runs, parallel=recipe.parallel, console=console)
             reports = evaluate(recipe, runs, root, console) if cfg.evaluate else []

@@ -1,5 +1,5 @@
 """What a stage is: its fully composed train config (presets and defaults included, compared as
-training/run_settings.py flattens it) and the fingerprint of the prepared data folder it reads.
+runs/run_settings.py flattens it) and the fingerprint of the prepared data folder it reads.
 
 execute.py records both in the stage's stage_args.json before its first start; changes.py compares
 them with what the recipe, the config files and the data folder give now. Comparing the train.py
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from anchormass.data.dataset_dir import fingerprint
 from anchormass.errors import AnchorMassError
-from anchormass.training.run_settings import run_settings
+from anchormass.runs.run_settings import run_settings
 from anchormass.utils import CONFIG_ROOT, resolve_path
 
 _COMPOSING = threading.Lock()  # Hydra's global instance: one composition at a time

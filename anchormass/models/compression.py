@@ -79,6 +79,13 @@ def group_decisions(v: torch.Tensor, cfg: ModelConfig, mass: torch.Tensor | None
     return idx, emit
 
 
+def anchor_index(outlier_idx: torch.Tensor, emit: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Where each group's background key comes from (background_key=anchor), as an index inside the
+    group: the background token with the largest position, i.e. G-1 unless the outlier sits there.
+    outlier_idx, emit: group_decisions' [B, ng]; returns [B, ng] long."""
+    return torch.where(emit & (outlier_idx == group_size - 1), group_size - 2, group_size - 1)
+
+
 def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig, mass: torch.Tensor | None = None,
                     forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Compress complete blocks into slots.
@@ -110,9 +117,7 @@ def compress_blocks(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig, mass: to
     if cfg.background_key == "mean":
         bg_k = (kg.float() * w).sum(dim=-2).to(k.dtype)
     else:
-        # Anchor: the last background position, i.e. G-1 unless the outlier sits there.
-        anchor = torch.where(is_out[..., -1], g - 2, g - 1)  # [B, ng]
-        bg_k = _pick(kg, anchor)
+        bg_k = _pick(kg, anchor_index(idx, emit, g))
 
     keep = emit[:, None, :, None].to(k.dtype)  # [B, 1, ng, 1]: zero the absent outlier slots
     out_k = _pick(kg, idx) * keep

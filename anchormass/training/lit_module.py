@@ -4,7 +4,7 @@ Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_
 `trained_lengths`, `tokenizer_path`, the tokenizer's own files (`tokenizer_files`,
 training/checkpoint_tokenizer.py), `data_fingerprint`, plus the optimiser and stage settings
 that make a resume reproduce the same schedule. The loggers get the run record instead
-(training/run_record.py: the resolved config, the code, the data).
+(runs/run_record.py: the resolved config, the code, the data).
 
 Logged: `train/loss`, `train/target_tokens`, `train/grad_norm` (before clipping), `train/tokens_seen`
 (input tokens of every rank since the stage began, carried across resumes in the checkpoint: an x axis

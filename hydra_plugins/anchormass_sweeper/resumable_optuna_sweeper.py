@@ -1,5 +1,5 @@
 """Hydra finds sweepers only in the `hydra_plugins` namespace; this one is the Optuna plugin's
-sweeper with the behaviour of anchormass/training/optuna_search.py (a rerun continues the sweep,
+sweeper with the behaviour of anchormass/runs/optuna_search.py (a rerun continues the sweep,
 one line when no trial completed). Kept import-light: Hydra imports every plugin module at start-up."""
 
 from pathlib import Path
@@ -17,7 +17,7 @@ class ResumableOptunaSweeper(OptunaSweeper):
         self.seed = config.hydra.sweeper.get("sampler", {}).get("seed")
 
     def sweep(self, arguments: list[str]) -> None:
-        from anchormass.training.optuna_search import sweep
+        from anchormass.runs.optuna_search import sweep
 
         sweep(self.sweeper, self.sweep_dir, arguments, lambda: super(ResumableOptunaSweeper, self).sweep(arguments),
               self.seed)

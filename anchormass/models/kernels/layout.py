@@ -6,6 +6,8 @@ block -1 so "slot block < query block" and "same block" tests work for every pos
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from anchormass.models.compression import compress_blocks
@@ -20,6 +22,28 @@ def block_of(pos: torch.Tensor, n_sinks: int, block_size: int) -> torch.Tensor:
 def offset_in_block(pos: int, n_sinks: int, block_size: int) -> int:
     """How far position `pos` lies into its block: the raw tail tokens before it; 0 for sinks."""
     return (pos - n_sinks) % block_size if pos >= n_sinks else 0
+
+
+@dataclass(frozen=True)
+class QueryView:
+    """What a global head's query at position `t` attends to (docs/method.md §2.2), in positions:
+    the sinks [0, n_sink) raw; [n_sinks, compressed_end), the complete blocks before its own, through
+    their slots (`slot_blocks` blocks of slots_per_block slots each); its own block [tail_start, t] raw."""
+
+    t: int
+    n_sink: int
+    slot_blocks: int
+    compressed_end: int
+    tail_start: int
+
+
+def query_view(t: int, n_sinks: int, block_size: int, complete_blocks: int | None = None) -> QueryView:
+    """The QueryView of position `t`; `complete_blocks` caps the compressed blocks at those a
+    sequence holds whole (a parallel forward compresses only those)."""
+    own = block_of(torch.tensor(t), n_sinks, block_size).item()  # -1 for a sink
+    slot_blocks = max(0, own if complete_blocks is None else min(own, complete_blocks))
+    tail_start = t - offset_in_block(t, n_sinks, block_size) if t >= n_sinks else t + 1
+    return QueryView(t, min(n_sinks, t + 1), slot_blocks, n_sinks + slot_blocks * block_size, tail_start)
 
 
 def slot_log_mass(slot_mass: torch.Tensor, mass_bias: bool) -> torch.Tensor:

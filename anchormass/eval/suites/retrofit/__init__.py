@@ -22,7 +22,7 @@ from anchormass.errors import ConfigError
 from anchormass.eval.items import DEFAULT_DEPTHS, build_haystack, run_trials, tally, trial_grid
 from anchormass.eval.suite import EvalContext, EvalModel, Suite
 from anchormass.eval.suites.retrofit.cells import cell_info, learning_curve, slot_diagnostics, stored_bytes
-from anchormass.training.run import finished_run
+from anchormass.runs.layout import finished_run, last_checkpoint, seed_folder_of
 
 
 class RetrofitSuite(Suite):
@@ -46,7 +46,7 @@ class RetrofitSuite(Suite):
         source = Path(ctx.models[0].source)
         if not source.is_file():
             raise ConfigError("retrofit: model A must be loaded from a run's checkpoint (ckpt=)")
-        self.root = source.parents[3]  # <seed folder>/<model>/<stage>/checkpoints/last.ckpt
+        self.root = seed_folder_of(source)
         self.cells = [c for c in cells if finished_run(self.root / c["run"])]
         self.left_out = [c["label"] for c in cells if c not in self.cells]
         self.hay = build_haystack(self, ctx)
@@ -58,7 +58,7 @@ class RetrofitSuite(Suite):
         from anchormass.eval.loading import load_one
 
         dtype = next(ctx.models[0].model.parameters()).dtype
-        m = load_one(str(self.root / cell["run"] / "checkpoints" / "last.ckpt"), None, f"retrofit {cell['label']}",
+        m = load_one(str(last_checkpoint(self.root / cell["run"])), None, f"retrofit {cell['label']}",
                      ctx.device, dtype, ctx.seed)
         m.label = cell["label"]
         return m

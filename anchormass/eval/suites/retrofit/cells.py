@@ -13,6 +13,7 @@ import torch
 
 from anchormass.eval.suite import EvalModel
 from anchormass.eval.suites.retrofit.slot_probe import KEPT, LayerView, probe_forward
+from anchormass.runs.layout import result_file, run_of_checkpoint, stage_args_file
 
 
 def cell_info(m: EvalModel, cell: dict) -> dict:
@@ -76,9 +77,9 @@ def chain_folders(run: Path) -> list[Path]:
     checkpoint it started from (anchormass/curriculum/execute.py); the chain stays in the model's folder."""
     chain = [run]
     while True:
-        record = chain[0] / "stage_args.json"
+        record = stage_args_file(chain[0])
         start = json.loads(record.read_text(encoding="utf-8")).get("init_from") if record.is_file() else None
-        parent = Path(start).parents[1] if start else None
+        parent = run_of_checkpoint(start) if start else None
         if parent is None or parent.parent.name != run.parent.name or parent in chain:
             return chain
         chain.insert(0, parent)
@@ -100,7 +101,7 @@ def learning_curve(run: Path) -> list[dict]:
             if math.isfinite(loss):
                 points.append({"stage": folder.name, "step": offset + step, "val_loss": loss})
             last = max(last, step)
-        result = folder / "train_result.json"
+        result = result_file(folder)
         total = json.loads(result.read_text(encoding="utf-8")).get("total_steps") if result.is_file() else None
         offset += int(total or last)
     return points

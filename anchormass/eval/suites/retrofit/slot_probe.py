@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from anchormass.models.attention_base import repeat_kv
-from anchormass.models.compression import compress_blocks, group_decisions
+from anchormass.models.compression import anchor_index, compress_blocks, group_decisions
+from anchormass.models.kernels.layout import query_view
 from anchormass.models.rope import apply_rope
 
 KEPT = ("outlier", "anchor", "exact", "raw")  # an answer copy whose own key reached the global heads
@@ -87,6 +88,7 @@ class LayerView:
             span = slice(s, s + self.n_blocks * c)
             kg, vg = qkv.k[:, nl:, span], qkv.v[:, nl:, span]
             self.idx, self.emit = group_decisions(vg, cfg)  # [B, ng]
+            self.anchor = anchor_index(self.idx, self.emit, cfg.group_size)  # [B, ng]
             self.slot_k, self.slot_v, self.slot_mass = compress_blocks(kg, vg, cfg)  # [B, Hg, 2ng, D], [B, 2ng]
 
     def emit_rate(self, b: int) -> float | None:
@@ -96,19 +98,17 @@ class LayerView:
     def status(self, b: int, p: int, query: int) -> str:
         """What stage 1 kept of position p, for a query at `query` (docs/method.md §2.2-2.3)."""
         cfg = self.cfg
-        if not self.anchormass or p < cfg.n_sinks:
+        if not self.anchormass:
             return "raw"
-        block, q_block = (p - cfg.n_sinks) // cfg.block_size, (query - cfg.n_sinks) // cfg.block_size
-        if block >= min(q_block, self.n_blocks):  # the query's own block (or later): raw tail
+        view = query_view(query, cfg.n_sinks, cfg.block_size, self.n_blocks)
+        if not cfg.n_sinks <= p < view.compressed_end:  # a sink, or the query's own block: raw
             return "raw"
-        g, i, size = (p - cfg.n_sinks) // cfg.group_size, (p - cfg.n_sinks) % cfg.group_size, cfg.group_size
-        if size == 1:
+        g, i = divmod(p - cfg.n_sinks, cfg.group_size)
+        if cfg.group_size == 1:
             return "exact"
-        emit, out = bool(self.emit[b, g]), int(self.idx[b, g])
-        if emit and out == i:
+        if bool(self.emit[b, g]) and int(self.idx[b, g]) == i:
             return "outlier"
-        anchor = size - 2 if emit and out == size - 1 else size - 1
-        return "anchor" if i == anchor else "averaged"
+        return "anchor" if i == int(self.anchor[b, g]) else "averaged"
 
     def attention(self, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
         """What query t of row b attends to: (weights [H', K] over the global heads (Standard: all),
@@ -119,10 +119,9 @@ class LayerView:
             w = torch.softmax((qkv.k[b, :, :t + 1] @ qkv.q[b, :, t, :, None]).squeeze(-1).double() * scale, dim=-1)
             return w, qkv.v[b, :, :t + 1], [(j, j + 1) for j in range(t + 1)]
         nl, s, c, g = cfg.n_local_heads, cfg.n_sinks, cfg.block_size, cfg.group_size
-        n_sink = min(s, t + 1)
-        q_block = (t - s) // c if t >= s else -1
-        n_groups = max(0, min(q_block, self.n_blocks)) * (c // g)  # groups of the blocks seen as slots
-        tail0 = s + q_block * c if q_block >= 0 else t + 1
+        view = query_view(t, s, c, self.n_blocks)
+        n_sink, tail0 = view.n_sink, view.tail_start
+        n_groups = view.slot_blocks * (c // g)  # groups of the blocks seen as slots
         kg, vg = qkv.k[b, nl:], qkv.v[b, nl:]
         keys = torch.cat([kg[:, :n_sink], self.slot_k[b, :, :2 * n_groups], kg[:, tail0:t + 1]], dim=1)
         vals = torch.cat([vg[:, :n_sink], self.slot_v[b, :, :2 * n_groups], vg[:, tail0:t + 1]], dim=1)

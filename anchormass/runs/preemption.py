@@ -12,7 +12,7 @@ that says completed) and still ends the run with `EXIT_INTERRUPTED` (`stop_after
 or a scheduler sees the stop (tests/test_kill_boundaries.py).
 
 `preempt_signals` says which signals mean "stop and save"; under Slurm, SIGUSR1 then requeues the job
-after the save (training/slurm_requeue.py) rather than through a competing handler.
+after the save (runs/slurm_requeue.py) rather than through a competing handler.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Iterator, NoReturn
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from anchormass.runs.logged_process import request_stop
+from anchormass.runs.slurm_requeue import requeue
+from anchormass.runs.stage_console import shown
 from anchormass.training.callbacks import SaveLastOnEnd
-from anchormass.training.logged_process import request_stop
-from anchormass.training.slurm_requeue import requeue
-from anchormass.training.stage_console import shown
 
 # sysexits.h EX_TEMPFAIL: "temporary failure, try again". A run (or a curriculum) that exits with it
 # stopped on a signal after saving; rerunning the same command resumes it.
@@ -59,7 +59,7 @@ def preempt_signals(trainer: Any = None) -> tuple[int, ...]:
     """The signals that mean "checkpoint at the next step boundary and exit resumable": SIGTERM and
     SIGUSR1. Under Slurm, SIGUSR1 (the time-limit warning) then also requeues the job, after the
     save, through the mechanism that owned it: submitit's handler or Lightning's SLURM auto-requeue
-    (training/slurm_requeue.py); Lightning's own handler would save mid-step, from the signal."""
+    (runs/slurm_requeue.py); Lightning's own handler would save mid-step, from the signal."""
     usr1 = getattr(signal, "SIGUSR1", None)
     return (signal.SIGTERM,) if usr1 is None else (signal.SIGTERM, usr1)
 

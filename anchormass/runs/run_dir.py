@@ -24,13 +24,14 @@ from pathlib import Path
 from anchormass.dir_lock import DirLock
 from anchormass.errors import ConfigError
 from anchormass.own_files import foreign, record, recorded, remove_own_folder
+from anchormass.runs.layout import CHECKPOINTS, LOGS, RESULT_FILE, checkpoints_dir
 
 LOCK_FILE = ".run.lock"
 WANDB_ID_FILE = "wandb_run_id"
 # What a run writes into its folder besides Hydra's own records (.hydra/, <job>.log): removed
 # by overwrite=true, and only where the folder's record names them (a run of ours claimed it).
 # A fixed list, never "everything", because a run folder may be any folder.
-RUN_OUTPUTS = ("checkpoints", "train_result.json", "logs", "tensorboard", "wandb", WANDB_ID_FILE)
+RUN_OUTPUTS = (CHECKPOINTS, RESULT_FILE, LOGS, "tensorboard", "wandb", WANDB_ID_FILE)
 # Environment variables that mark a process as a non-zero rank of a multi-process run.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
 
@@ -42,7 +43,7 @@ def is_launching_process() -> bool:
 
 
 def checkpoints_in(folder: Path) -> list[Path]:
-    return sorted((folder / "checkpoints").glob("*.ckpt"))
+    return sorted(checkpoints_dir(folder).glob("*.ckpt"))
 
 
 def claim(folder: str | os.PathLike, resume: bool, overwrite: bool) -> None:
@@ -69,12 +70,12 @@ def claim(folder: str | os.PathLike, resume: bool, overwrite: bool) -> None:
     # would tell the curriculum this stage is already done. Only what a run of ours recorded
     # writing goes (anchormass/own_files.py): the folder's own record names the outputs, the
     # checkpoints folder's record each checkpoint; anything else is refused, deleting nothing.
-    checkpoints = folder / "checkpoints"
+    checkpoints = checkpoints_dir(folder)
     ours = recorded(folder)
     present = [name for name in RUN_OUTPUTS if (folder / name).exists() or (folder / name).is_symlink()]
     others = [name for name in present if name not in ours and not (folder / name).is_symlink()]
     if checkpoints.is_dir() and not checkpoints.is_symlink():
-        others = [n for n in others if n != "checkpoints"] + [f"checkpoints/{n}" for n in foreign(checkpoints)]
+        others = [n for n in others if n != CHECKPOINTS] + [f"{CHECKPOINTS}/{n}" for n in foreign(checkpoints)]
     if others:
         release(folder)
         raise ConfigError(f"{folder} holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}, which no run "

@@ -2,7 +2,7 @@
 job Slurm runs again resumes from it.
 
 - Slurm warns a job before its time limit with SIGUSR1 (`sbatch --signal=USR1@120`). PreemptCheckpoint
-  (training/preemption.py) takes the signal, finishes the optimizer step and saves; then `requeue`
+  (runs/preemption.py) takes the signal, finishes the optimizer step and saves; then `requeue`
   hands the job back to Slurm through the mechanism that owned SIGUSR1: the handler installed before
   ours (submitit's, under hydra/launcher=slurm: it re-submits the same job and exits) or, when nobody
   had one, Lightning's SLURM auto-requeue (SLURMEnvironment(auto_requeue=True), its default under
@@ -16,7 +16,7 @@ job Slurm runs again resumes from it.
 - A job Slurm runs again (SLURM_RESTART_COUNT >= 1) runs the same command: with no ckpt_path and a
   checkpoint in its run folder it resumes as `ckpt_path=last` (the highest-step checkpoint), instead
   of being refused as a fresh run into another run's folder. That run is the same stage, unfinished:
-  it says `completed: false` until its last step (training/run.py), so a curriculum never counts it
+  it says `completed: false` until its last step (runs/train.py), so a curriculum never counts it
   done early.
 """
 
@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+
+from anchormass.runs.layout import checkpoints_dir
 
 REQUEUE_SIGNAL = getattr(signal, "SIGUSR1", None)
 HPC_GLOB = "hpc_ckpt_*.ckpt"  # what Lightning's requeue handler writes into the run folder
@@ -46,7 +48,7 @@ def requeued_job() -> bool:
 
 def requeue_resume(folder: str | os.PathLike) -> str | None:
     """`last` for a requeued Slurm job whose run folder holds a checkpoint, else None."""
-    has_checkpoint = any((Path(folder) / "checkpoints").glob("*.ckpt"))
+    has_checkpoint = any(checkpoints_dir(folder).glob("*.ckpt"))
     return "last" if has_checkpoint and requeued_job() else None
 
 

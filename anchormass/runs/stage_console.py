@@ -3,7 +3,7 @@ finished stage, and a failed stage's log tail. Everything the stages print goes 
 
 Worker threads report events into a queue; only the main thread writes to the terminal (tqdm's
 bars are not thread-safe, and one writer keeps lines whole). On a terminal the live lines are tqdm
-bars fed from each stage's progress file (anchormass/training/progress.py); elsewhere (a pipe, a
+bars fed from each stage's progress file (anchormass/runs/progress.py); elsewhere (a pipe, a
 CI log, a batch job's output file) they are printed as plain status lines every `heartbeat_s`.
 """
 
@@ -21,7 +21,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from anchormass.training.progress import read_progress
+from anchormass.runs.progress import read_progress
 
 TAIL_LINES = 20
 BAR = "{{desc}}  {{bar:16}} {{n_fmt}}/{{total_fmt}}  {}"  # tqdm's fields, then our status text

@@ -1,7 +1,7 @@
 """The Optuna sweeper (hydra_plugins/anchormass_sweeper/) as `train.py -m hydra/sweeper=optuna_optim` uses it.
 
 Hydra's Optuna plugin, with what a research sweep needs on top:
-- The study lives in the sweep folder (optuna_study.jsonl, training/optuna_journal.py), so a rerun
+- The study lives in the sweep folder (optuna_study.jsonl, runs/optuna_journal.py), so a rerun
   of the same command continues it: the sampler sees every earlier trial, they count towards
   `n_trials`, new trials get new folder numbers and, with the sampler reseeded by the number of
   earlier trials, new parameters. A note line says how to start over instead.
@@ -11,7 +11,7 @@ Hydra's Optuna plugin, with what a research sweep needs on top:
 - A sweep folder from before the journal is read from its trial folders (.hydra/overrides.yaml
   and train_result.json), each told to the study as completed (it trained all its steps) or failed,
   once its .hydra/config.yaml shows it ran with this sweep's fixed settings.
-- A study's fixed settings (the composed config less the searched keys, training/run_settings.py)
+- A study's fixed settings (the composed config less the searched keys, runs/run_settings.py)
   are part of its identity: a rerun with other ones (`stage.total_steps=3` after 4) would rank
   3-step trials against 4-step ones, so it is refused in one line, as is a study whose settings
   were not recorded, and a damaged journal line (the file and line named).
@@ -33,6 +33,7 @@ from typing import Any, Callable
 import yaml
 
 from anchormass.errors import AnchorMassError, ConfigError
+from anchormass.runs.layout import checkpoints_dir, result_file
 
 
 def trial_folders(sweep_dir: Path) -> list[Path]:
@@ -43,7 +44,7 @@ def objective_of(folder: Path) -> float | None:
     """The trial's last validation loss (train.py's return value), or None if it has none or
     did not train all its steps (an interrupted trial's loss is a mid-run value)."""
     try:
-        result = json.loads((folder / "train_result.json").read_text())
+        result = json.loads(result_file(folder).read_text())
         value = result["metrics"].get("val/loss") if result.get("completed") is True else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -119,7 +120,7 @@ def resume_interrupted(impl: Any, study: Any, sweep_dir: Path) -> None:
     cannot (no checkpoint, or it fails) is recorded as failed, so it is never ranked."""
     import optuna
 
-    from anchormass.training.run_dir import checkpoints_in
+    from anchormass.runs.run_dir import checkpoints_in
 
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         folder = sweep_dir / str(trial.user_attrs.get("folder", trial.number))
@@ -129,7 +130,7 @@ def resume_interrupted(impl: Any, study: Any, sweep_dir: Path) -> None:
         # first last.ckpt resumes from step N (ckpt_path=last takes the highest recorded step)
         if overrides is not None and checkpoints_in(folder):
             print(f"note: trial {trial.number} was interrupted; resuming it from its newest checkpoint in "
-                  f"{folder}/checkpoints", file=sys.stderr)
+                  f"{checkpoints_dir(folder)}", file=sys.stderr)
             overrides = [o for o in overrides if not o.startswith("ckpt_path=")] + ["ckpt_path=last"]
             ret = impl.launcher.launch([overrides], initial_job_idx=int(folder.name))[0]
             try:
@@ -181,7 +182,7 @@ def check_folder_settings(folders: list[Path], fixed: dict[str, Any], searched: 
     must have run with this sweep's fixed settings (its .hydra/config.yaml, as Hydra composed it)."""
     from omegaconf import OmegaConf
 
-    from anchormass.training.run_settings import run_settings, setting_differences
+    from anchormass.runs.run_settings import run_settings, setting_differences
 
     for folder in folders:
         try:
@@ -198,7 +199,7 @@ def check_folder_settings(folders: list[Path], fixed: dict[str, Any], searched: 
 def check_fixed_settings(study: Any, fixed: dict[str, Any], sweep_dir: Path) -> None:
     """Record the settings on a new study; refuse to continue one recorded with other settings (or
     none: what its trials ran with is not known)."""
-    from anchormass.training.run_settings import setting_differences
+    from anchormass.runs.run_settings import setting_differences
 
     recorded = study.user_attrs.get(SETTINGS_ATTR)
     if recorded is None and not study.trials:
@@ -235,8 +236,8 @@ def sweep(impl: Any, sweep_dir: Path, arguments: list[str], run_sweep: Callable[
     in which no trial completed ends in one line."""
     import optuna
 
-    from anchormass.training.optuna_journal import JournalStorage
-    from anchormass.training.run_settings import run_settings
+    from anchormass.runs.optuna_journal import JournalStorage
+    from anchormass.runs.run_settings import run_settings
 
     folders = trial_folders(sweep_dir)
     try:

@@ -18,14 +18,14 @@ from omegaconf import DictConfig
 from anchormass.cli import check_group_choices, check_overrides, exit_on_error, quoted_where_needed
 from anchormass.errors import AnchorMassError
 from anchormass.logging_setup import apply_verbosity
-from anchormass.training.launch_checks import check_train_launch
-from anchormass.training.run_dir import claim, is_launching_process, release
+from anchormass.runs.launch_checks import check_train_launch
+from anchormass.runs.run_dir import claim, is_launching_process, release
 from anchormass.utils import CONFIG_ROOT
 
 
 def before_hydra(argv: list[str]) -> list[str]:
     """Everything a launch checks and claims before Hydra writes anything; the arguments for Hydra."""
-    from anchormass.training.logged_process import follow_parent
+    from anchormass.runs.logged_process import follow_parent
 
     follow_parent()  # a curriculum's stage ends with its runner
     argv = quoted_where_needed(argv)  # a non-ASCII path is a path
@@ -56,7 +56,7 @@ def check_run_dir(argv: list[str]) -> None:
     still fail with one line and exit 2, so check an explicit hydra.run.dir / hydra.sweep.dir first."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from anchormass.training.run import check_output_dir
+    from anchormass.runs.train import check_output_dir
 
     for arg in argv:
         if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
@@ -72,7 +72,7 @@ def claim_run_dir(cfg: DictConfig) -> None:
     """A single run claims its folder (run_dir.py) before Hydra writes its own records there
     (.hydra/, train.log): a refused second launch must leave the running one's files alone.
     Sweeps and launcher runs claim each job's folder inside the job."""
-    from anchormass.training.slurm_requeue import requeue_resume
+    from anchormass.runs.slurm_requeue import requeue_resume
 
     if not is_launching_process():
         return
@@ -97,9 +97,9 @@ def check_launcher_rerun(cfg: DictConfig) -> None:
 def run_stage(cfg: DictConfig) -> float | None:
     """Hydra's task function: train one stage. Returns the sweeper's objective, the run's last
     validation loss (None for a run that did not train all its steps, or a refused search trial)."""
+    from anchormass.runs.preemption import TrainingInterrupted, exit_interrupted
+    from anchormass.runs.train import train
     from anchormass.training.callbacks import TrainingDiverged
-    from anchormass.training.preemption import TrainingInterrupted, exit_interrupted
-    from anchormass.training.run import train
 
     apply_verbosity(cfg)
     try:

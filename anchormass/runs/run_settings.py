@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from anchormass.training.run_record import flat
+from anchormass.runs.run_record import flat
 
 # Keys (and the keys under them) that change no result: Hydra's own node, the console, loggers and
 # callbacks, the thread count (how fast, and the order of floating-point sums, as on another
