@@ -121,7 +121,8 @@ class KvFrontierSuite(Suite):
                                     max(items.contexts) + items.target_len)
         path = Path(items.tokens.filename) if hasattr(items.tokens, "filename") else None
         data_sha = sha256_file(path) if path is not None else "in-memory"
-        self.ppl = {"items": items, "cells": cells, "data": str(path), "key": perplexity.anchors_key(
+        shown = path if path is None or not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd())
+        self.ppl = {"items": items, "cells": cells, "data": str(shown), "key": perplexity.anchors_key(
             items.anchors, items.target_len, data_sha)}
 
     def settings_key(self, length: int) -> str:
