@@ -22,8 +22,8 @@ make kvpress-env
 EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT")
 NATURAL=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.filler_path=data/english_docs/val.bin
          eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural 'eval.kv_frontier.anchormass.shares=[2]'
-         'eval.kv_frontier.anchormass.selections=[retrieval]' 'eval.kv_frontier.anchormass.group_sizes=[1,4,8]'
-         'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
+         'eval.kv_frontier.anchormass.selections=[retrieval]' 'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]'
+         'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
          'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
 
 # 1. the classic filler at 1,024 tokens, every cell; then the held-out perplexity (1K-8K)
