@@ -38,9 +38,8 @@ def read_bandwidth(n_bytes: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of every distinct parameter tensor (a tied LM head counts once: it is one tensor)."""
-    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
-    return sum(seen.values())
+    """Bytes of every parameter (`parameters()` yields a tied LM head once: it is the embedding)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def hf_prefill(hf, ids: torch.Tensor):
@@ -121,14 +120,9 @@ def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False,
     ids = workloads.random_ids(standard.cfg.vocab_size, 1, length, seed, "cpu")
     losses = {}
 
-    def ours(model=standard, autocast=False, name="ours"):
+    def ours(model=standard, bf16_autocast=False, name="ours"):
         def step():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                logits = model(ids)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
-            loss.backward()
-            standard.zero_grad(set_to_none=True)
-            losses[name] = float(loss.detach())
+            losses[name] = workloads.train_step(model, ids, bf16_autocast)
         return step
 
     def theirs():
@@ -137,7 +131,8 @@ def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False,
         hf.zero_grad(set_to_none=True)
         losses["transformers"] = float(loss.detach())
 
-    fns = {"ours": ours(), "transformers": theirs, "ours_bf16_autocast": ours(autocast=True, name="ours_bf16_autocast")}
+    fns = {"ours": ours(), "transformers": theirs,
+           "ours_bf16_autocast": ours(bf16_autocast=True, name="ours_bf16_autocast")}
     if compiled:
         fns["ours_compiled"] = ours(torch.compile(standard), name="ours_compiled")
     times = measure.time_interleaved(fns, "cpu", 1, repeats)  # the warm-up also compiles

@@ -39,12 +39,15 @@ def decode(model, cache, token: torch.Tensor, n_tokens: int) -> torch.Tensor:
     return generate.decode(model, cache, logits, n_tokens)[:, -1:]
 
 
-def train_step(model, ids: torch.Tensor) -> None:
-    """One training step without the optimizer update: forward, next-token loss, backward."""
-    logits = model(ids)  # [B, T, V]
+def train_step(model, ids: torch.Tensor, bf16_autocast: bool = False) -> float:
+    """One training step without the optimizer update: forward (under bf16 autocast on the ids'
+    device if asked), next-token loss in fp32, backward. Returns the loss."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = model(ids)  # [B, T, V]
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
     loss.backward()
     model.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 def cache_summary(cache) -> dict:

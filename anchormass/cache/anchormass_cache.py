@@ -415,6 +415,7 @@ class AnchorMassCache(KVCache):
         """Evaluation-only oracle (docs/method.md §6 k): every group of the global heads that holds a
         prompt position marked in `forced` [B, P] keeps its first marked token as an exact outlier
         slot. An upper bound on what a better selection rule could keep; never used in training."""
+        marks = forced.bool()
         for layer in self.layers:
-            layer.forced = forced.bool()
+            layer.forced = marks
 

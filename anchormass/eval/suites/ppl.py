@@ -36,6 +36,18 @@ def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, pol
     return session_logprobs(model, ids, start, chunk, chunk, policy, budget)[0]
 
 
+def anchor_nll(score, tokens, anchors: list[int], context: int, target_len: int, batch_size: int,
+               device) -> list[float]:
+    """Per anchor a, the mean NLL of tok[a+1 .. a+target_len-1] given the `context` tokens before a;
+    score(ids [b, context + target_len], context) -> log-probs [b, target_len - 1]."""
+    out: list[float] = []
+    for i in range(0, len(anchors), batch_size):
+        batch = [tokens[a - context:a + target_len] for a in anchors[i:i + batch_size]]
+        ids = torch.as_tensor(np.stack(batch).astype(np.int64), device=device)
+        out += (-score(ids, context).mean(dim=1)).tolist()
+    return out
+
+
 class PplSuite(Suite):
     name = "ppl"
     in_all = True
@@ -61,14 +73,9 @@ class PplSuite(Suite):
         nll: dict[str, dict[int, list[float] | str]] = {m.label: {} for m in ctx.models}
         steps = [(m, c) for m in ctx.models for c in self.contexts]
         for m, c in progress(steps, ctx.progress, "ppl"):
-            per_anchor: list[float] = []
             try:
-                for i in range(0, len(self.anchors), bs):
-                    batch = [self.tokens[a - c:a + self.target_len] for a in self.anchors[i:i + bs]]
-                    ids = torch.as_tensor(np.stack(batch).astype(np.int64), device=ctx.device)
-                    lp = self._score(m.model, ids, c)  # [b, target_len - 1]
-                    per_anchor += (-lp.mean(dim=1)).tolist()
-                nll[m.label][c] = per_anchor
+                nll[m.label][c] = anchor_nll(lambda ids, start, model=m.model: self._score(model, ids, start),
+                                             self.tokens, self.anchors, c, self.target_len, bs, ctx.device)
             except Exception as err:  # OOM at a length is a result, not a crash
                 if not is_oom(err):
                     raise

@@ -119,11 +119,10 @@ class KvFrontierSuite(Suite):
             variant = next(v for v in self.variants if v.label == cell)
             perplexity.check_budget(cell, variant.group_size, self.model.config.slot_budget,
                                     max(items.contexts) + items.target_len)
-        path = Path(items.tokens.filename) if hasattr(items.tokens, "filename") else None
-        data_sha = sha256_file(path) if path is not None else "in-memory"
-        shown = path if path is None or not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd())
+        path = Path(items.tokens.filename)  # ppl_items memory-maps the token file
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         self.ppl = {"items": items, "cells": cells, "data": str(shown), "key": perplexity.anchors_key(
-            items.anchors, items.target_len, data_sha)}
+            items.anchors, items.target_len, sha256_file(path))}
 
     def settings_key(self, length: int) -> str:
         """What a row of `length` depends on. The prefill chunk counts as min(chunk, length): a
@@ -242,8 +241,10 @@ class KvFrontierSuite(Suite):
         levels: dict[tuple, dict] = {}
         for r in rows:
             v = next((v for v in self.variants if v.label == r["method"]), None)
-            auto = self.baseline_levels is None and not v.oracle if v is not None else False
-            if v is not None and (auto or v.label in (self.baseline_levels or [])):
+            if v is None:
+                continue
+            # by default every distinct level but the oracle's (a diagnostic, not a budget to match)
+            if (not v.oracle) if self.baseline_levels is None else v.label in self.baseline_levels:
                 levels.setdefault((r["length"], v.bytes_key), r)
         press_specs, press_rows = [], []
         for (L, _), ref in progress(list(levels.items()), ctx.progress, "kv frontier baselines"):

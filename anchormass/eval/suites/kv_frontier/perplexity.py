@@ -19,6 +19,7 @@ import torch
 from anchormass.errors import ConfigError
 from anchormass.eval.report import fmt_p, markdown, paired_nll_by_length
 from anchormass.eval.scoring import target_logprobs
+from anchormass.eval.suites.ppl import anchor_nll
 
 
 def anchors_key(anchors: list[int], target_len: int, data_sha: str) -> str:
@@ -36,13 +37,9 @@ def check_budget(label: str, group_size: int, slot_budget: int, length: int) -> 
 
 @torch.no_grad()
 def mean_nll(model, tokens, anchors: list[int], context: int, target_len: int) -> list[float]:
-    """Per anchor a, the mean NLL of tok[a+1 .. a+target_len-1] given tok[a-context .. ]."""
-    device = next(model.parameters()).device
-    out = []
-    for a in anchors:
-        ids = torch.as_tensor(np.asarray(tokens[a - context:a + target_len], dtype=np.int64), device=device)[None]
-        out.append(float(-target_logprobs(model, ids, context).mean()))
-    return out
+    """Per anchor a, the mean NLL of tok[a+1 .. a+target_len-1] given tok[a-context .. ], one anchor at a time."""
+    return anchor_nll(lambda ids, start: target_logprobs(model, ids, start), tokens, anchors, context, target_len,
+                      1, next(model.parameters()).device)
 
 
 def report(ppl: dict) -> str:
