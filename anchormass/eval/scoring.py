@@ -21,6 +21,7 @@ import inspect
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -68,6 +69,18 @@ def target_logprobs(model, ids: torch.Tensor, start: int) -> torch.Tensor:
     else:
         logits = model(ids)[:, start:-1]  # [B, n, V]
     return gather_logprobs(logits, ids[:, start + 1:])
+
+
+def anchor_nll(score, tokens, anchors: list[int], context: int, target_len: int, batch_size: int,
+               device) -> list[float]:
+    """Per anchor a, the mean NLL of tok[a+1 .. a+target_len-1] given the `context` tokens before a;
+    score(ids [b, context + target_len], context) -> log-probs [b, target_len - 1]."""
+    out: list[float] = []
+    for i in range(0, len(anchors), batch_size):
+        batch = [tokens[a - context:a + target_len] for a in anchors[i:i + batch_size]]
+        ids = torch.as_tensor(np.stack(batch).astype(np.int64), device=device)
+        out += (-score(ids, context).mean(dim=1)).tolist()
+    return out
 
 
 def padded_logits(model, ids: torch.Tensor, lengths: list[int], rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,15 @@ import torch
 
 from anchormass.eval.items import ppl_items
 from anchormass.eval.report import fmt_p, markdown, paired_nll_by_length, plt, save_figure
-from anchormass.eval.scoring import OOM, free_memory, is_oom, progress, session_logprobs, target_logprobs
+from anchormass.eval.scoring import (
+    OOM,
+    anchor_nll,
+    free_memory,
+    is_oom,
+    progress,
+    session_logprobs,
+    target_logprobs,
+)
 from anchormass.eval.suite import EvalContext, Suite
 
 
@@ -34,18 +42,6 @@ def cached_target_logprobs(model, ids: torch.Tensor, start: int, chunk: int, pol
     prompt (prefilled in `chunk`s, then the prefill ends, so a policy such as SnapKV compresses
     it), the targets are fed `chunk` tokens at a time. RoPE base from the whole input length."""
     return session_logprobs(model, ids, start, chunk, chunk, policy, budget)[0]
-
-
-def anchor_nll(score, tokens, anchors: list[int], context: int, target_len: int, batch_size: int,
-               device) -> list[float]:
-    """Per anchor a, the mean NLL of tok[a+1 .. a+target_len-1] given the `context` tokens before a;
-    score(ids [b, context + target_len], context) -> log-probs [b, target_len - 1]."""
-    out: list[float] = []
-    for i in range(0, len(anchors), batch_size):
-        batch = [tokens[a - context:a + target_len] for a in anchors[i:i + batch_size]]
-        ids = torch.as_tensor(np.stack(batch).astype(np.int64), device=device)
-        out += (-score(ids, context).mean(dim=1)).tolist()
-    return out
 
 
 class PplSuite(Suite):

@@ -18,8 +18,7 @@ import torch
 
 from anchormass.errors import ConfigError
 from anchormass.eval.report import fmt_p, markdown, paired_nll_by_length
-from anchormass.eval.scoring import target_logprobs
-from anchormass.eval.suites.ppl import anchor_nll
+from anchormass.eval.scoring import anchor_nll, target_logprobs
 
 
 def anchors_key(anchors: list[int], target_len: int, data_sha: str) -> str:
