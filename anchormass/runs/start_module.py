@@ -16,6 +16,7 @@ from anchormass.runs.resume_settings import check_resume_settings
 from anchormass.training.checkpoint import load_weights, read_checkpoint
 from anchormass.training.checkpoint_tokenizer import carried
 from anchormass.training.lit_module import LitLanguageModel
+from anchormass.utils import resolve_path
 
 
 def resolve_model_config(cfg: DictConfig, meta: dict):
@@ -58,6 +59,22 @@ def check_same_tokenizer(saved: dict, meta: dict, path, data_dir: Path) -> None:
                               f"tokenized with {now[:12]}; prepare the data with the checkpoint's tokenizer")
 
 
+def stage_objective(cfg: DictConfig, start_ckpt: dict | None) -> dict | None:
+    """The stage's objective with its teacher made explicit (training/objectives.py): attention
+    transfer learns from `objective.teacher`, else from the checkpoint a fresh stage starts from;
+    a resume keeps the teacher its run began with (the curriculum resumes with ckpt_path=last and
+    no init_from)."""
+    objective = OmegaConf.to_container(cfg.stage.objective, resolve=True) if cfg.stage.get("objective") else None
+    if not objective or objective.get("kind") != "attention_transfer":
+        return objective
+    teacher = objective.get("teacher")
+    if not teacher and cfg.get("ckpt_path") and start_ckpt is not None:
+        teacher = (start_ckpt["hyper_parameters"].get("objective") or {}).get("teacher")
+    if not teacher and cfg.get("init_from"):
+        teacher = cfg.init_from
+    return {**objective, "teacher": str(resolve_path(teacher)) if teacher else None}
+
+
 def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageModel:
     model_cfg = resolve_model_config(cfg, meta)
     start = cfg.get("ckpt_path") or cfg.get("init_from")
@@ -78,7 +95,8 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
         tokenizer_path=str(tokenizer) if tokenizer.exists() else None,
         tokenizer_files=carried(load_tokenizer(tokenizer)) if tokenizer.exists() else None,
         data_fingerprint=fingerprint(data_dir), stage=str(cfg.stage.name),
-        loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"))
+        loss_chunk=int(cfg.stage.get("loss_chunk", 1024)), tokenizer_checksum=meta.get("tokenizer_checksum"),
+        objective=stage_objective(cfg, start_ckpt), trainable=str(cfg.stage.get("trainable", "all")))
     if start_ckpt is not None and not cfg.get("ckpt_path"):
         # init_from: weights only (a resume gets everything from Lightning's own restore).
         check_same_tokenizer(start_ckpt["hyper_parameters"], meta, start, data_dir)

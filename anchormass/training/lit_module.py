@@ -1,4 +1,5 @@
-"""The LightningModule: one language model, next-token loss (SFT masks via -100 targets), AdamW.
+"""The LightningModule: one language model, next-token loss (SFT masks via -100 targets), AdamW;
+or, for a retrofit stage, layer-local attention transfer from a frozen teacher (training/objectives.py).
 
 Its hyper-parameters are the checkpoint contract (docs/architecture.md): `model_config`,
 `trained_lengths`, `tokenizer_path`, the tokenizer's own files (`tokenizer_files`,
@@ -24,7 +25,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from anchormass.errors import ConfigError
 from anchormass.models.config import ModelConfig
+from anchormass.training.checkpoint import load_model
 from anchormass.training.loss import chunked_cross_entropy
+from anchormass.training.objectives import (
+    attention_transfer_loss,
+    check_objective,
+    check_teacher,
+    freeze_all_but_attention,
+)
 from anchormass.training.optim import build_optimizer, grad_norm
 
 # The optimiser settings come from the `optim` node of configs/train.yaml (the one place that sets them).
@@ -35,8 +43,15 @@ class LitLanguageModel(L.LightningModule):
     def __init__(self, model_config: dict, total_steps: int, seq_len: int, optim: dict,
                  trained_lengths: list[int] | None = None, tokenizer_path: str | None = None,
                  data_fingerprint: Any = None, stage: str = "custom", loss_chunk: int = 1024,
-                 tokenizer_checksum: str | None = None, tokenizer_files: dict | None = None):
+                 tokenizer_checksum: str | None = None, tokenizer_files: dict | None = None,
+                 objective: dict | None = None, trainable: str = "all"):
         super().__init__()
+        objective = check_objective(objective, trainable)
+        if objective["kind"] == "attention_transfer":
+            trainable = "attention"  # nothing else is in its loss (training/objectives.py)
+            if not objective["teacher"]:
+                raise ConfigError("stage.objective attention_transfer needs a teacher checkpoint "
+                                  "(objective.teacher=<ckpt>, or start the stage with init_from=<ckpt>)")
         missing = [k for k in OPTIM_KEYS if k not in optim]
         if missing:
             raise ConfigError(f"optim: missing {missing} (configs/train.yaml sets all of {list(OPTIM_KEYS)})")
@@ -49,11 +64,15 @@ class LitLanguageModel(L.LightningModule):
             optim=dict(optim), trained_lengths=trained,
             tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
             data_fingerprint=data_fingerprint, stage=stage, loss_chunk=int(loss_chunk),
-            tokenizer_checksum=tokenizer_checksum, tokenizer_files=tokenizer_files), logger=False)
+            tokenizer_checksum=tokenizer_checksum, tokenizer_files=tokenizer_files, objective=objective,
+            trainable=trainable), logger=False)
         from anchormass.models import build_model
 
         self.model = build_model(cfg)
         self.model_cfg = cfg
+        if trainable == "attention":
+            freeze_all_but_attention(self.model)
+        self._teacher = None  # attention_transfer: loaded on the first training step (not a submodule)
         self._warned_empty = False
         self._tokens_seen = 0  # input tokens over all ranks, this stage (restored on resume)
         self._val_sum, self._val_rows = 0.0, 0  # val/loss as Lightning averages it, for val/ppl
@@ -67,7 +86,24 @@ class LitLanguageModel(L.LightningModule):
         hidden = self.model.forward_hidden(batch["input_ids"])  # [b, T, D]; logits only per chunk
         return chunked_cross_entropy(hidden, self.model.lm_head, batch["targets"], self.hparams.loss_chunk)
 
+    def teacher(self) -> torch.nn.Module:
+        """The frozen Standard an attention-transfer stage learns from. Kept out of the module's
+        children, so it is in no checkpoint, optimizer or DDP/FSDP wrapper; every rank loads its own."""
+        if self._teacher is None:
+            teacher, _ = load_model(self.hparams.objective["teacher"], map_location="cpu")
+            check_teacher(teacher.cfg.to_dict(), self.model_cfg.to_dict(), self.hparams.objective["teacher"])
+            teacher.requires_grad_(False)
+            param = next(self.model.parameters())
+            object.__setattr__(self, "_teacher", teacher.to(device=param.device, dtype=param.dtype))
+        return self._teacher
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self.hparams.objective["kind"] == "attention_transfer":
+            loss, per_layer = attention_transfer_loss(self.model, self.teacher(), batch["input_ids"])
+            self.log("train/loss", loss, prog_bar=True, sync_dist=self.trainer.world_size > 1)
+            self.log("train/transfer_worst_layer", per_layer.max(), sync_dist=self.trainer.world_size > 1)
+            self._tokens_seen += batch["input_ids"].numel() * self.trainer.world_size
+            return loss
         loss, n_tokens = self.compute_loss(batch)
         if n_tokens.item() == 0 and not self._warned_empty:
             # Typical cause: SFT examples longer than seq_len, cut before their answers.
