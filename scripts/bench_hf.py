@@ -9,7 +9,9 @@ decode_tokens (16), threads (1: on a shared machine more threads stall at every 
 anchormass (the AnchorMass cell timed beside it: <share>/g<G>, default 2/g8: two of each layer's KV
 groups global, by index: which groups does not change the time), out (outputs/bench/vs_transformers),
 train_length (0: none; else also one training step on that many tokens: ours fp32, bf16 autocast,
-compile=true adds torch.compile, against transformers).
+compile=true adds torch.compile, against transformers; with it, the AnchorMass cell's two retrofit
+steps too: end to end and layer-local attention transfer, docs/method.md §6 l), compare (true: the
+prefill / decode comparison; false: the training step alone).
 Writes <out>/bench_hf.md and bench_hf.json (after every length, so a stopped run keeps what it measured).
 """
 
@@ -22,7 +24,8 @@ from anchormass.cli import exit_on_error
 from anchormass.errors import ConfigError
 
 DEFAULTS = {"ckpt": None, "lengths": "[1K,2K,4K,8K]", "repeats": 2, "decode_tokens": 16, "threads": 1,
-            "anchormass": "2/g8", "out": "outputs/bench/vs_transformers", "train_length": 0, "compile": "false"}
+            "anchormass": "2/g8", "out": "outputs/bench/vs_transformers", "train_length": 0, "compile": "false",
+            "compare": "true"}
 
 
 def parse(argv: list[str]) -> dict:
@@ -42,9 +45,12 @@ def parse(argv: list[str]) -> dict:
         if not str(opts[key]).isdigit() or int(opts[key]) < (0 if key == "train_length" else 1):
             raise ConfigError(f"{key} must be a whole number (>= 1 except train_length), got {opts[key]!r}")
         opts[key] = int(opts[key])
-    if str(opts["compile"]).lower() not in ("true", "false"):
-        raise ConfigError(f"compile must be true or false, got {opts['compile']!r}")
-    opts["compile"] = str(opts["compile"]).lower() == "true"
+    for key in ("compile", "compare"):
+        if str(opts[key]).lower() not in ("true", "false"):
+            raise ConfigError(f"{key} must be true or false, got {opts[key]!r}")
+        opts[key] = str(opts[key]).lower() == "true"
+    if not opts["compare"] and not opts["train_length"]:
+        raise ConfigError("compare=false leaves nothing to measure: set train_length=<tokens>")
     return opts
 
 
@@ -86,11 +92,11 @@ def main(argv: list[str]) -> None:
               f"{pre['transformers']['median_s']:.2f} s; decode ms/token ours {dec['ours']:.1f}, transformers "
               f"{dec['transformers']:.1f}, AnchorMass {dec['anchormass']:.1f}", flush=True)
 
-    result = vs_transformers.compare(standard, hf, anchormass, opts["lengths"], opts["repeats"],
-                                     opts["decode_tokens"], on_length=keep)
+    result = (vs_transformers.compare(standard, hf, anchormass, opts["lengths"], opts["repeats"],
+                                      opts["decode_tokens"], on_length=keep) if opts["compare"] else {"rows": []})
     if opts["train_length"]:
         result["train"] = vs_transformers.train_steps(standard, hf, opts["train_length"], opts["repeats"],
-                                                      compiled=opts["compile"])
+                                                      compiled=opts["compile"], anchormass=anchormass.train())
     result["checkpoint"] = str(path)
     atomic_write_json(out / "bench_hf.json", result)
     text = vs_transformers.report(result)

@@ -57,3 +57,22 @@ def _tiny_result(std, hf):
     am = build_variant(std, Variant(1, "index", 8, True), chosen_groups(torch.zeros(std.cfg.n_layers,
                                                                                    std.cfg.kv_heads), 1, "index"))
     return vs_transformers.compare(std.eval(), hf.eval(), am, [64], repeats=1, decode_tokens=1)
+
+
+def test_the_retrofit_steps_are_timed_beside_them_and_report_without_the_comparison():
+    """With an AnchorMass model: its end-to-end LM step (the same loss as the Standard's up to the
+    compression) and the attention-transfer step (positive: the compression changes the attention
+    past one block); the report renders a training-only result (compare=false)."""
+    from anchormass.hf.export_llama import llama_from_ours
+
+    torch.manual_seed(0)
+    std = build_model(gqa_config("standard", vocab_size=300))
+    am = build_variant(std, Variant(1, "index", 8, True), chosen_groups(torch.zeros(std.cfg.n_layers,
+                                                                                   std.cfg.kv_heads), 1, "index"))
+    hf = llama_from_ours(std, {"bos": 1, "eos": 2, "pad": 0, "unk": 0}).train()
+    res = vs_transformers.train_steps(std, hf, 192, repeats=1, anchormass=am.train())
+    assert {"anchormass_lm", "attention_transfer", "attention_transfer_bf16_autocast"} <= set(res["steps_s"])
+    assert res["loss"]["attention_transfer"] > 0 and res["loss"]["anchormass_lm"] != res["loss"]["ours"]
+    assert all(p.grad is None for p in am.parameters())
+    text = vs_transformers.report({"rows": [], "train": res})
+    assert text.startswith("Training step") and "attention_transfer" in text

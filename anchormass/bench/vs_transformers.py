@@ -113,10 +113,16 @@ def compare(standard, hf, anchormass, lengths: list[int], repeats: int, decode_t
                            "global_heads": anchormass.cfg.n_global_heads, "chunk": am_chunk}}
 
 
-def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False, seed: int = 0) -> dict:
-    """One training step (forward, next-token loss, backward; no optimizer update) on [1, length]:
-    ours in fp32, ours under bf16 autocast, ours through torch.compile (optional: compiling costs
-    minutes on CPU), transformers in fp32; interleaved medians and each step's loss on the same batch."""
+def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False, seed: int = 0,
+                anchormass=None) -> dict:
+    """One training step (forward, loss, backward; no optimizer update) on [1, length]: ours in fp32,
+    ours under bf16 autocast, ours through torch.compile (optional: compiling costs minutes on CPU),
+    transformers in fp32; with `anchormass` (a model on the same weights) also the two retrofit designs'
+    steps (training/objectives.py): end to end (next-token loss through AnchorMass, fp32 and bf16
+    autocast) and layer-local attention transfer from `standard` as the teacher (fp32 and bf16).
+    Interleaved medians, and each step's loss on the same batch."""
+    from anchormass.training.objectives import attention_transfer_loss
+
     ids = workloads.random_ids(standard.cfg.vocab_size, 1, length, seed, "cpu")
     losses = {}
 
@@ -131,10 +137,24 @@ def train_steps(standard, hf, length: int, repeats: int, compiled: bool = False,
         hf.zero_grad(set_to_none=True)
         losses["transformers"] = float(loss.detach())
 
+    def transfer(bf16_autocast=False, name="attention_transfer"):
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
+                loss, _ = attention_transfer_loss(anchormass, standard, ids)
+            loss.backward()
+            anchormass.zero_grad(set_to_none=True)
+            losses[name] = float(loss.detach())
+        return step
+
     fns = {"ours": ours(), "transformers": theirs,
            "ours_bf16_autocast": ours(bf16_autocast=True, name="ours_bf16_autocast")}
     if compiled:
         fns["ours_compiled"] = ours(torch.compile(standard), name="ours_compiled")
+    if anchormass is not None:
+        fns.update({"anchormass_lm": ours(anchormass, name="anchormass_lm"),
+                    "anchormass_lm_bf16_autocast": ours(anchormass, True, "anchormass_lm_bf16_autocast"),
+                    "attention_transfer": transfer(),
+                    "attention_transfer_bf16_autocast": transfer(True, "attention_transfer_bf16_autocast")})
     times = measure.time_interleaved(fns, "cpu", 1, repeats)  # the warm-up also compiles
     return {"length": length, "steps_s": {k: t.to_dict() for k, t in times.items()}, "loss": losses}
 
@@ -145,7 +165,21 @@ HEADER = ["length", "prefill ours s", "prefill transformers s", "ratio", "prefil
 
 
 def report(result: dict) -> str:
-    """The comparison as markdown: medians, ratios, the floor."""
+    """The comparison as markdown: medians, ratios, the floor; then the training steps, if timed."""
+    lines = compare_report(result) if result["rows"] else []
+    if result.get("train"):
+        t = result["train"]
+        base = t["steps_s"]["ours"]["median_s"]
+        cells = [f"{name} {v['median_s']:.1f} s (x{v['median_s'] / base:.2f}, CPU x"
+                 f"{v['cpu_median_s'] / t['steps_s']['ours']['cpu_median_s']:.2f}; loss {t['loss'][name]:.4f})"
+                 for name, v in t["steps_s"].items()]
+        repeats = len(t["steps_s"]["ours"]["times_s"])
+        lines.append(f"Training step (forward + loss + backward, no update) on 1 x {t['length']:,} tokens, medians of "
+                     f"{repeats} interleaved repeats, times relative to ours in fp32: " + "; ".join(cells) + ".")
+    return "\n\n".join(lines) + "\n"
+
+
+def compare_report(result: dict) -> list[str]:
     rows = []
     for r in result["rows"]:
         p, d, f = r["prefill_s"], r["decode_ms_per_token"], r["floor_ms_per_token"]
@@ -178,12 +212,4 @@ def report(result: dict) -> str:
              f"{result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s. AnchorMass: "
              f"{a['label']} ({a['global_heads']} global query heads per layer, G={a['group_size']}), prefilled in "
              f"chunks of {a['chunk']}."]
-    if result.get("train"):
-        t = result["train"]
-        base = t["steps_s"]["ours"]["median_s"]
-        cells = [f"{name} {v['median_s']:.1f} s (x{v['median_s'] / base:.2f}, CPU x"
-                 f"{v['cpu_median_s'] / t['steps_s']['ours']['cpu_median_s']:.2f}; loss {t['loss'][name]:.4f})"
-                 for name, v in t["steps_s"].items()]
-        lines.append(f"Training step (forward + loss + backward, no update) on 1 x {t['length']:,} tokens, times "
-                     f"relative to ours in fp32: " + "; ".join(cells) + ".")
-    return "\n\n".join(lines) + "\n"
+    return lines
