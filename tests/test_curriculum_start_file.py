@@ -58,10 +58,16 @@ def test_a_file_start_is_planned_without_a_parent(tmp_path, monkeypatch):
     assert command(run)[-1] == "ckpt_path=last"
 
 
-def test_a_start_file_path_hydra_cannot_carry_is_refused(tmp_path):
-    g8 = {"name": "g8", "model": "anchormass_tiny_h8", "init_from": {"retro": "imports/a,b.ckpt"}}
-    with pytest.raises(ConfigError, match="g8's stage retro starts from file .*a,b.ckpt' cannot be passed on"):
+@pytest.mark.parametrize("start, message", [
+    ("imports/a,b.ckpt", "g8's stage retro starts from file .*a,b.ckpt' cannot be passed on"),
+    ("imports/m/model.safetensors", "imports is not a model listed before g8 .*a checkpoint file to start from "
+                                    "ends in .ckpt"),
+])
+def test_a_start_file_the_plan_cannot_use_is_refused(tmp_path, start, message):
+    g8 = {"name": "g8", "model": "anchormass_tiny_h8", "init_from": {"retro": start}}
+    with pytest.raises(ConfigError, match=message) as err:
         planned_runs(recipe([g8]), tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_a_missing_start_file_is_refused_in_one_line_before_anything_runs(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from anchormass.cli import check_override_path
 from anchormass.config_compose import compose_file
 from anchormass.curriculum.execute import StageRun
-from anchormass.curriculum.recipe import ModelSpec, Recipe, StageSpec, is_start_file
+from anchormass.curriculum.recipe import START_FILE_SUFFIX, ModelSpec, Recipe, StageSpec, is_start_file
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
@@ -119,7 +119,7 @@ def start_run(recipe: Recipe, variant: ModelSpec, entry: StageSpec, seed: int | 
     if model not in by_model:
         labels = [m.name for m in recipe.models]
         raise ConfigError(f"{where}, but {model} is not a model listed before {variant.name} "
-                          f"(models: {labels})")
+                          f"(models: {labels}; a checkpoint file to start from ends in {START_FILE_SUFFIX})")
     if stage not in by_model[model]:
         raise ConfigError(f"{where}, but {model} does not train {stage}"
                           + (f" under seed {seed}" if seed is not None else "")
