@@ -4,7 +4,8 @@ Each stage records what it started with (runs/layout.py: STAGE_ARGS_FILE): its c
 data folder's fingerprint (stage_identity.py). Before anything runs, every stage that is finished
 or resumable is compared with what the recipe, the config files and the data give now; a stage
 whose settings differ (steps, lr, data, length, model fields, a preset file, a default of
-configs/train.yaml, a data folder prepared again, ...) is refused in one line naming the keys, unless
+configs/train.yaml, a data folder prepared again, a checkpoint file it starts from replaced:
+start_files.py, ...) is refused in one line naming the keys, unless
 the command says what to do (`changed=`). A stage whose record is missing, unreadable or older than
 these records is not known to be the same, and is treated as changed (never skipped):
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from anchormass.curriculum.execute import StageRun
 from anchormass.curriculum.stage_identity import data_fingerprint, identify
+from anchormass.curriculum.start_files import start_differences
 from anchormass.errors import ConfigError
 from anchormass.runs.layout import STAGE_ARGS_FILE, stage_args_file
 from anchormass.runs.run_settings import setting_differences
@@ -57,7 +59,8 @@ def config_differences(record: dict | None, run: StageRun) -> list[str]:
                 f"whether its preset or default files changed is not known"]
     if run.settings is None:
         return [run.unknown or "its config is not known now"]
-    return setting_differences(record["settings"], json.loads(json.dumps(run.settings)))
+    now = json.loads(json.dumps(run.settings))
+    return setting_differences(record["settings"], now) + start_differences(record, run)
 
 
 def data_differences(record: dict | None, run: StageRun) -> list[str]:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Iterator
 
 from anchormass.curriculum.stage_identity import data_fingerprint, identify
+from anchormass.curriculum.start_files import RECORD_KEY as START_RECORD_KEY
+from anchormass.curriculum.start_files import start_record
 from anchormass.dir_lock import DirLock
 from anchormass.runs.layout import finished_run, last_checkpoint, result_file, stage_args_file
 from anchormass.runs.logged_process import request_stop, run_logged, stop_requested
@@ -53,6 +55,7 @@ class StageRun:
     settings: dict | None = None  # its composed config, flat (stage_identity.identify)
     unknown: str | None = None  # why there is none: the arguments do not compose
     data_dir: Path | None = None  # the prepared data folder it reads
+    start_file: Path | None = None  # init_from is a checkpoint file the recipe names, not a stage's (start_files.py)
 
     @property
     def chain(self) -> tuple[int | None, str]:
@@ -183,10 +186,11 @@ def _run_one(run: StageRun, console: StageConsole, label, finished: dict[int, th
 
 def stage_record(run: StageRun) -> dict:
     """stage_args.json (runs/layout.py), written before the stage's first start: its train.py arguments,
-    the run it starts from, its composed config and its data folder's fingerprint (stage_identity.py).
+    the run it starts from (and the sha256 of a start file, start_files.py), its composed config and its
+    data folder's fingerprint (stage_identity.py).
     A rerun compares them with what the recipe gives now, so a changed recipe never inherits an old result."""
     return {"args": run.args, "init_from": str(run.init_from) if run.init_from else None,
-            "settings": run.settings,
+            START_RECORD_KEY: start_record(run.start_file), "settings": run.settings,
             "data": {"dir": str(run.data_dir) if run.data_dir else None, "fingerprint": data_fingerprint(run.data_dir)}}
 
 

@@ -1,7 +1,8 @@
 """The plan: every (seed, model, stage) run of a recipe as a structured record, and its checks.
 
 `plan()` orders the runs (all stages of the first model, then the next model, then the next seed)
-and chains each to the run whose last checkpoint seeds it. The models of one seed get the same
+and chains each to the run whose last checkpoint seeds it, or to the checkpoint file the recipe names
+(an imported model; curriculum/start_files.py). The models of one seed get the same
 seed and data, so stage k feeds them identical batches and only the model differs. Every check
 (init_from chains, shared stages, same-function lengths) reads these records; the records become
 `train.py` command lines only in `train_args`, the one edge to the training code.
@@ -22,9 +23,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from anchormass.cli import check_override_path
 from anchormass.config_compose import compose_file
 from anchormass.curriculum.execute import StageRun
-from anchormass.curriculum.recipe import ModelSpec, Recipe, StageSpec
+from anchormass.curriculum.recipe import START_FILE_SUFFIX, ModelSpec, Recipe, StageSpec, is_start_file
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
 from anchormass.models.equivalence import same_function_len
@@ -55,6 +57,7 @@ class PlannedRun:
     parent: "PlannedRun | None"  # the run whose last checkpoint seeds this one
     extra: tuple[str, ...] = ()  # the command line's train.py overrides, for every run
     shared_from: "PlannedRun | None" = None  # a shared stage: the first model's run, which trains it
+    start_file: Path | None = None  # the checkpoint file that seeds it, when the recipe names one (no parent)
 
     @property
     def model(self) -> str:
@@ -83,7 +86,8 @@ def plan(recipe: Recipe, runs_root: Path, extra: list[str] | tuple[str, ...] = (
                     continue
                 parent = start_run(recipe, variant, entry, seed, done, by_model, order)
                 folder = stage_folder(base, variant.name, entry.key)
-                run = PlannedRun(variant, entry, seed, folder, parent, tuple(extra))
+                run = PlannedRun(variant, entry, seed, folder, parent, tuple(extra),
+                                 start_file=start_file(recipe, variant, entry))
                 if parent is not None and parent.model != run.model:
                     check_same_tensors(recipe, parent, run)
                 owner = owners.setdefault(entry.key, run) if entry.shared else run
@@ -99,9 +103,9 @@ def start_run(recipe: Recipe, variant: ModelSpec, entry: StageSpec, seed: int | 
               done: dict[str, PlannedRun], by_model: dict[str, dict[str, PlannedRun]],
               order: list[str]) -> PlannedRun | None:
     """The run whose last checkpoint seeds this stage: an earlier stage of the same model, or
-    `<model>/<stage>` of a model listed before it (under the same seed)."""
+    `<model>/<stage>` of a model listed before it (under the same seed); none for a checkpoint file."""
     ref = variant.start_of(entry)
-    if ref is None:
+    if ref is None or is_start_file(ref):
         return None
     where = f"curriculum {recipe.name}: {variant.name}'s stage {entry.key} starts from {ref}"
     if "/" not in ref:
@@ -115,12 +119,24 @@ def start_run(recipe: Recipe, variant: ModelSpec, entry: StageSpec, seed: int | 
     if model not in by_model:
         labels = [m.name for m in recipe.models]
         raise ConfigError(f"{where}, but {model} is not a model listed before {variant.name} "
-                          f"(models: {labels})")
+                          f"(models: {labels}; a checkpoint file to start from ends in {START_FILE_SUFFIX})")
     if stage not in by_model[model]:
         raise ConfigError(f"{where}, but {model} does not train {stage}"
                           + (f" under seed {seed}" if seed is not None else "")
                           + f" (it trains {list(by_model[model])})")
     return by_model[model][stage]
+
+
+def start_file(recipe: Recipe, variant: ModelSpec, entry: StageSpec) -> Path | None:
+    """The checkpoint file this stage starts from when the recipe names one, resolved as runs_root and
+    data folders are (utils.resolve_path: from the folder the command runs in). Whether it exists is
+    checked when the curriculum runs (curriculum/start_files.py), not when a recipe is only planned."""
+    ref = variant.start_of(entry)
+    if not is_start_file(ref):
+        return None
+    path = resolve_path(ref)
+    check_override_path(path, f"curriculum {recipe.name}: {variant.name}'s stage {entry.key} starts from file")
+    return path
 
 
 def check_same_tensors(recipe: Recipe, parent: PlannedRun, run: PlannedRun) -> None:
@@ -207,6 +223,8 @@ def train_args(recipe: Recipe, run: PlannedRun) -> list[str]:
         args.append("init_across_arch=true")  # the shared checkpoint is the first model's
     elif run.parent is not None and run.parent.model != run.model and crosses_architecture(recipe, run.parent, run):
         args.append("init_across_arch=true")  # a retrofit: another architecture's checkpoint
+    elif run.start_file is not None:
+        args.append("init_across_arch=true")  # a file's architecture is known only once train.py reads it
     threads = [f"torch_threads={recipe.parallel}"] if e.shared and recipe.parallel > 1 else []
     # The seed goes last: a command-line `seed=` cannot silently collapse the seeds into one.
     seeded = [f"seed={run.seed}"] if run.seed is not None else []
@@ -218,10 +236,11 @@ def stage_runs(recipe: Recipe, runs: list[PlannedRun]) -> list[StageRun]:
     """The plan as the processes to run (anchormass/curriculum/execute.py)."""
     out: dict[int, StageRun] = {}
     for r in runs:
-        out[id(r)] = StageRun(r.model, r.stage, r.out_dir, r.parent.last_ckpt if r.parent else None,
+        out[id(r)] = StageRun(r.model, r.stage, r.out_dir, r.parent.last_ckpt if r.parent else r.start_file,
                               train_args(recipe, r), r.seed,
                               shared_from=out[id(r.shared_from)] if r.shared_from is not None else None,
-                              after=out[id(r.parent)] if r.parent is not None and r.parent.model != r.model else None)
+                              after=out[id(r.parent)] if r.parent is not None and r.parent.model != r.model else None,
+                              start_file=r.start_file)
     return list(out.values())
 
 

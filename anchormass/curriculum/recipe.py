@@ -9,8 +9,8 @@ stage's entry (the long-context stages of the 158M recipe differ only in their l
 Stage entry (key = its name, its folder, and what `init_from`, `evaluate` and a model's `stages`
 refer to): `stage` (the configs/stage preset, default the key), `data` (configs/data/<name>),
 `data_set` ({<data key>: value}; a stage that sets any gets a dataset of its own,
-`data/<curriculum>_<stage>`, unless it names one), `init_from` (an earlier stage whose last checkpoint seeds it, or
-null), `shared` (trained once by the first model; anchormass/curriculum/plan.py), `set`
+`data/<curriculum>_<stage>`, unless it names one), `init_from` (an earlier stage whose last checkpoint seeds it, a
+checkpoint file, or null), `shared` (trained once by the first model; anchormass/curriculum/plan.py), `set`
 ({<stage key>: value}).
 
 Model entry: a preset name, or a variant `{name, model, overrides, stages, seeds, init_from,
@@ -19,6 +19,9 @@ recipe's seeds. `init_from: {<stage>: <model>/<stage>}` starts one of its stages
 stage (a retrofit: AnchorMass from a trained Standard, docs/method.md §6 j); `stage_overrides:
 {<stage>: [...]}` adds train.py overrides to one stage only (a compression schedule raising
 model.group_size stage by stage). A stage's own `init_from` may name another model's stage the same way.
+Either `init_from` may also be a checkpoint file that no stage trains (a value ending in `.ckpt`, relative
+to the folder the command runs in like runs_root and data/: `{retro_1k: imports/smollm2/model.ckpt}`, a
+model imported by scripts/import_hf.py); curriculum/start_files.py says how such a start is checked.
 
 Evaluate entry (key = its name, its report folder): `stage`, `overrides` (evaluate.py), and the
 models it compares: `pair: [a, b]` (either may be `<model>/<stage>`: that model's run of another
@@ -42,6 +45,12 @@ from anchormass.utils import CHECKOUT
 STAGE_KEYS = {"stage", "data", "data_set", "init_from", "shared", "set", "like"}
 MODEL_KEYS = {"name", "model", "overrides", "stages", "seeds", "init_from", "stage_overrides"}
 EVAL_KEYS = {"stage", "pair", "against", "overrides"}
+START_FILE_SUFFIX = ".ckpt"  # an init_from value ending so is a checkpoint file, not a stage
+
+
+def is_start_file(start: str | None) -> bool:
+    """Whether an `init_from` value names a checkpoint file rather than a (model's) stage."""
+    return isinstance(start, str) and start.endswith(START_FILE_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class ModelSpec:
     overrides: tuple[str, ...] = ()  # train.py overrides for every stage of this model
     stages: tuple[str, ...] | None = None  # the stage keys it trains (None: all)
     seeds: tuple[int, ...] | None = None  # the recipe seeds it trains under (None: all)
-    init_from: tuple[tuple[str, str], ...] = ()  # (stage, "<model>/<stage>"): its own start for that stage
+    init_from: tuple[tuple[str, str], ...] = ()  # (stage, "<model>/<stage>" or a .ckpt file): its own start
     stage_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (stage, train.py overrides for it alone)
 
     def start_of(self, entry: "StageSpec") -> str | None:
@@ -226,7 +235,7 @@ def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> 
         starts = _per_stage(cfg.name, m, "init_from", trained)
         if any(not isinstance(v, str) for v in starts.values()):
             raise ConfigError(f"curriculum {cfg.name}: model {m.name}: init_from maps a stage to "
-                              f"'<model>/<stage>', got {starts}")
+                              f"'<model>/<stage>' or a checkpoint file '<path>{START_FILE_SUFFIX}', got {starts}")
         per_stage = _per_stage(cfg.name, m, "stage_overrides", trained)
         if any(not isinstance(v, list) for v in per_stage.values()):
             raise ConfigError(f"curriculum {cfg.name}: model {m.name}: stage_overrides maps a stage to a list of "

@@ -2,7 +2,8 @@
 
 `scripts/run_curriculum.py` composes the config with Hydra and calls `run_curriculum`. Before
 anything is written, a second launch of the same curriculum is refused (one runner per
-`runs/<curriculum>/`) and a comparison that could not run is refused, not after hours of training.
+`runs/<curriculum>/`) and a comparison that could not run is refused, not after hours of training;
+so is a stage whose start file is missing (curriculum/start_files.py), before any data is prepared.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from anchormass.curriculum.closing import evaluate
 from anchormass.curriculum.execute import curriculum_lock, execute, run_step
 from anchormass.curriculum.plan import datasets, plan, stage_overrides, stage_runs
 from anchormass.curriculum.recipe import Recipe, load_recipe
+from anchormass.curriculum.start_files import check_start_files
 from anchormass.errors import ConfigError, DataError
 from anchormass.logging_setup import check_verbose
 from anchormass.runs.layout import logs_dir
@@ -71,6 +73,7 @@ def run_curriculum(cfg: DictConfig, task_overrides: list[str], hydra_overrides: 
     # Stop signals go to the running stages, which save.
     with curriculum_lock(root), forward_stop_signals():
         check_changes(runs, str(cfg.get("changed", "refuse")))
+        check_start_files(runs)  # after check_changes: a stage it sets aside starts again, from its file
         try:
             prepare_data(recipe, logs_dir(root), console)
             check_changes(runs, str(cfg.get("changed", "refuse")), data=True)  # the folders the stages read
