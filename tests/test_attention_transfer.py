@@ -11,7 +11,7 @@ from anchormass.errors import CheckpointError, ConfigError
 from anchormass.models import build_model, load_model_config
 from anchormass.runs.train import train
 from anchormass.training.checkpoint import read_checkpoint
-from anchormass.training.objectives import attention_transfer_loss, check_objective, check_teacher
+from anchormass.training.objectives import attention_transfer_loss, check_objective, check_same_shapes
 
 from _train_helpers import FAST, compose_train
 
@@ -56,8 +56,8 @@ def test_bad_objectives_and_teachers_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="stage.trainable must be one of"):
         check_objective(None, "mlp")
     teacher = load_model_config("standard_tiny").to_dict()
-    with pytest.raises(CheckpointError, match="other shapes than the student.*d_model: 64 vs 128"):
-        check_teacher({**teacher, "d_model": 64}, load_model_config("anchormass_tiny").to_dict(), "t.ckpt")
+    with pytest.raises(CheckpointError, match="teacher t.ckpt has other shapes.*d_model: 64 vs 128"):
+        check_same_shapes({**teacher, "d_model": 64}, load_model_config("anchormass_tiny").to_dict(), "teacher t.ckpt")
 
 
 def test_an_attention_transfer_stage_moves_attention_only(data, tmp_path):

@@ -155,3 +155,42 @@ def test_perplexity_refuses_lengths_where_the_cache_would_merge_but_the_parallel
     check_budget("am/x/g8", 8, 64, 8 * 64)  # 511 tokens after the sink: 63 slots
     with pytest.raises(ConfigError, match="merge slots under its budget"):
         check_budget("am/x/g8", 8, 64, 8 * 64 + 1)
+
+
+def test_a_trained_anchormass_checkpoint_is_scored_on_the_same_trials_and_journaled_by_its_bytes(tmp_path, assets):
+    """`trained: {label: ckpt}` (a retrofit cell): scored like the made-up cells on the same trials (a
+    checkpoint holding exactly a cell's weights answers exactly as that cell), journaled under its
+    sha256 (a replaced file is scored again), and a checkpoint of other shapes is refused in one line."""
+    from anchormass.training.checkpoint import STATE_PREFIX, atomic_torch_save
+
+    tok, m = assets
+    zeros = torch.zeros(m.model.cfg.n_layers, m.model.cfg.kv_heads)
+    cell = build_variant(m.model, Variant(1, "index", 8, True), chosen_groups(zeros, 1, "index"))
+
+    def save(model, path):
+        atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
+                           "hyper_parameters": {"model_config": model.cfg.to_dict()}}, path)
+        return str(path)
+
+    ckpt = save(cell, tmp_path / "cell.ckpt")
+    work = tmp_path / "work"
+    settings = {**CFG, "work_dir": str(work), "kv_policies": [], "trained": {"g8": ckpt},
+                "anchormass": {**CFG["anchormass"], "shares": [1], "selections": ["index"], "group_sizes": [8],
+                               "no_outlier_group_sizes": [], "oracle_group_sizes": []}}
+    cfg = {"suite": "kv_frontier", "out_dir": str(tmp_path / "out"), "progress": False,
+           "eval": {"kv_frontier": settings}}
+    rows = json.loads((run_evaluation(cfg, models=[m], tokenizer=tok) / "results.json").read_text())
+    by = {r["method"]: r for r in rows["suites"]["kv_frontier"]["rows"]}
+    assert by["trained/g8"]["answers"] == by["am/index1/g8"]["answers"]
+    assert by["trained/g8"]["stored"] == by["am/index1/g8"]["stored"]
+    with torch.no_grad():
+        cell.blocks[0].attn.q_proj.weight.mul_(2.0)
+    save(cell, tmp_path / "cell.ckpt")
+    run_evaluation({**cfg, "out_dir": str(tmp_path / "out2")}, models=[m], tokenizer=tok)
+    keys = [json.loads(line)["key"] for line in (work / "rows.jsonl").read_text().splitlines()]
+    assert len([k for k in keys if "/trained/g8/" in k]) == 2  # one row per checkpoint content
+    other = build_model(gqa_config("anchormass", vocab_size=400, ffn_dim=64))
+    bad = {**cfg, "out_dir": str(tmp_path / "out3"),
+           "eval": {"kv_frontier": {**settings, "trained": {"x": save(other, tmp_path / "x.ckpt")}}}}
+    with pytest.raises(Exception, match="other shapes than expected.*ffn_dim: 64 vs"):
+        run_evaluation(bad, models=[m], tokenizer=tok)

@@ -30,7 +30,7 @@ from anchormass.training.loss import chunked_cross_entropy
 from anchormass.training.objectives import (
     attention_transfer_loss,
     check_objective,
-    check_teacher,
+    check_same_shapes,
     freeze_all_but_attention,
 )
 from anchormass.training.optim import build_optimizer, grad_norm
@@ -91,7 +91,8 @@ class LitLanguageModel(L.LightningModule):
         children, so it is in no checkpoint, optimizer or DDP/FSDP wrapper; every rank loads its own."""
         if self._teacher is None:
             teacher, _ = load_model(self.hparams.objective["teacher"], map_location="cpu")
-            check_teacher(teacher.cfg.to_dict(), self.model_cfg.to_dict(), self.hparams.objective["teacher"])
+            check_same_shapes(teacher.cfg.to_dict(), self.model_cfg.to_dict(),
+                              f"attention_transfer teacher {self.hparams.objective['teacher']}")
             teacher.requires_grad_(False)
             param = next(self.model.parameters())
             object.__setattr__(self, "_teacher", teacher.to(device=param.device, dtype=param.dtype))

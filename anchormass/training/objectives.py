@@ -43,12 +43,13 @@ def check_objective(objective: dict | None, trainable: str) -> dict:
     return {"kind": kind, "teacher": obj.get("teacher")}
 
 
-def check_teacher(teacher: dict, student: dict, path) -> None:
-    """One-line CheckpointError unless the teacher's layers (ModelConfig.to_dict()) have the student's shapes."""
-    differ = [k for k in SHAPE_FIELDS if teacher[k] != student[k]]
+def check_same_shapes(other: dict, reference: dict, what: str) -> None:
+    """One-line CheckpointError unless `other`'s layers (ModelConfig.to_dict()) have `reference`'s
+    shapes: `what` names the other model (an attention-transfer teacher, a trained cell)."""
+    differ = [k for k in SHAPE_FIELDS if other[k] != reference[k]]
     if differ:
-        raise CheckpointError(f"attention_transfer teacher {path} has other shapes than the student ("
-                              + "; ".join(f"{k}: {teacher[k]} vs {student[k]}" for k in differ) + ")")
+        raise CheckpointError(f"{what} has other shapes than expected ("
+                              + "; ".join(f"{k}: {other[k]} vs {reference[k]}" for k in differ) + ")")
 
 
 def freeze_all_but_attention(model: nn.Module) -> int:

@@ -9,7 +9,9 @@ greedily through its own cache and is charged the bytes it stores after the last
 - our SnapKV, H2O and StreamingLLM (docs/method.md §3) at the per-KV-head token budget whose
   stored bytes equal each distinct AnchorMass point's;
 - kvpress's presses on the same weights (peer.py), at the compression ratio that keeps as many
-  prompt tokens as our policies do at that point.
+  prompt tokens as our policies do at that point;
+- AnchorMass checkpoints trained from these weights (`trained: {<label>: <ckpt>}`, the retrofit
+  cells of docs/method.md §6 l), on the same trials, each at the bytes it stores.
 Per method and length: exact match with its Wilson interval, digits, exact McNemar against the full
 cache on the same trials, and for a press that is ours under another implementation, the per-item
 agreement of the two. Finished rows are appended to `<work_dir>/rows.jsonl` as they finish, so an
@@ -39,6 +41,7 @@ from anchormass.eval.suites.kv_frontier.variants import (
     chosen_groups,
     retrieval_scores,
 )
+from anchormass.models.config import ModelConfig
 from anchormass.utils import resolve_path, sha256_file
 
 FULL = "standard/full"
@@ -98,11 +101,32 @@ class KvFrontierSuite(Suite):
         self.only_finished = bool(self.opt("only_finished", False))
         self.work = resolve_path(self.opt("work_dir") or f"runs/kv_frontier/{(self.model.sha256 or 'random')[:12]}")
         self.work.mkdir(parents=True, exist_ok=True)
-        self._check_ppl(ctx, labels)
+        self.trained = self._check_trained(dict(self.opt("trained") or {}))
+        self._check_ppl(ctx, labels | set(self.trained))
         self.batch_tokens = int(self.opt("batch_tokens", 8192))
         self.probe_length = int(probe.get("length", 1024))
         self._settings = {"model": self.model.sha256, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
                           "policy_args": self.opt("policy_args"), "probe": probe}
+
+    def _check_trained(self, trained: dict) -> dict[str, dict]:
+        """{`trained/<label>`: {path, sha256}} for each AnchorMass checkpoint to score beside the
+        training-free methods; each must hold this Standard's tensor shapes (it was trained from them).
+        A row is journaled under the checkpoint's sha256, so a retrained cell is scored again."""
+        from anchormass.training.checkpoint import read_checkpoint
+        from anchormass.training.objectives import check_same_shapes
+
+        out = {}
+        for label, path in trained.items():
+            path = resolve_path(str(path))
+            if not path.is_file():
+                raise ConfigError(f"kv_frontier.trained.{label}: no checkpoint at {path}")
+            saved = ModelConfig.from_dict(read_checkpoint(path)["hyper_parameters"]["model_config"])
+            if saved.arch != "anchormass":
+                raise ConfigError(f"kv_frontier.trained.{label}: {path} is a {saved.arch} model, not AnchorMass")
+            check_same_shapes(saved.to_dict(), self.model.config.to_dict(), f"kv_frontier.trained.{label} ({path})")
+            out[f"trained/{label}"] = {"path": path, "sha256": sha256_file(path),
+                                       "group_size": saved.group_size}
+        return out
 
     def _check_ppl(self, ctx: EvalContext, labels: set[str]) -> None:
         """The perplexity part (optional): its anchors and the cells it scores, checked up front."""
@@ -116,8 +140,9 @@ class KvFrontierSuite(Suite):
                               f"this run ({sorted(labels)})")
         items = ppl_items(cfg, ctx)
         for cell in cells:
-            variant = next(v for v in self.variants if v.label == cell)
-            perplexity.check_budget(cell, variant.group_size, self.model.config.slot_budget,
+            variant = next((v for v in self.variants if v.label == cell), None)
+            group_size = variant.group_size if variant else self.trained[cell]["group_size"]
+            perplexity.check_budget(cell, group_size, self.model.config.slot_budget,
                                     max(items.contexts) + items.target_len)
         path = Path(items.tokens.filename)  # ppl_items memory-maps the token file
         shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
@@ -236,6 +261,10 @@ class KvFrontierSuite(Suite):
                                  groups=groups)
 
             rows.append(once(f"{L}/{variant.label}", run_variant))
+        for L in self.lengths:
+            for label, info in self.trained.items():
+                rows.append(once(f"{L}/{label}/{info['sha256'][:12]}",
+                                 lambda: self._row(L, label, label, self._ours(self._load_trained(label), L))))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
@@ -279,6 +308,12 @@ class KvFrontierSuite(Suite):
                              "not_run_yet": missing},
                 "rows": rows, "summary": summary, **({"ppl": ppl} if ppl else {})}
 
+    def _load_trained(self, label: str):
+        from anchormass.training.checkpoint import load_model
+
+        model, _ = load_model(self.trained[label]["path"])
+        return model.to(next(self.model.model.parameters()).device)
+
     def _perplexity(self, ctx, std, scores, once) -> dict | None:
         """NLL per anchor for the full cache and each chosen cell at every prior context (journaled)."""
         if self.ppl is None:
@@ -288,13 +323,16 @@ class KvFrontierSuite(Suite):
         models = {FULL: std}
         for method, c in progress(steps, ctx.progress, "kv frontier ppl"):
             def score():
+                if method in self.trained and method not in models:
+                    models[method] = self._load_trained(method)
                 if method not in models:
                     variant = next(v for v in self.variants if v.label == method)
                     models[method] = build_variant(std, variant, chosen_groups(scores, variant.share,
                                                                                variant.selection))
                 return {"nll": perplexity.mean_nll(models[method], items.tokens, items.anchors, c, items.target_len)}
 
-            row = once(f"ppl/{self.ppl['key']}/{c + items.target_len}/{method}", score)
+            own = f"/{self.trained[method]['sha256'][:12]}" if method in self.trained else ""
+            row = once(f"ppl/{self.ppl['key']}/{c + items.target_len}/{method}{own}", score)
             if row is not None:
                 nll.setdefault(method, {})[str(c)] = row["nll"]
         if FULL not in nll:
@@ -406,7 +444,8 @@ def frontier_plot(rows: list[dict], path: Path) -> str:
     circles labelled by their tokens per slot, baselines as lines across levels, the full cache a star."""
     lengths = sorted({r["length"] for r in rows})
     fig, axes = plt.subplots(1, len(lengths), figsize=(max(9.0, 4.6 * len(lengths) + 3), 4.2), squeeze=False)
-    families = sorted({r["method"] for r in rows if not r["method"].startswith("am/") and r["method"] != FULL})
+    families = sorted({r["method"] for r in rows
+                       if not r["method"].startswith(("am/", "trained/")) and r["method"] != FULL})
     colour = {m: f"C{i % 10}" for i, m in enumerate(families)}
     for ax, L in zip(axes[0], lengths):
         at = [r for r in rows if r["length"] == L]
@@ -421,6 +460,10 @@ def frontier_plot(rows: list[dict], path: Path) -> str:
                 if r.get("tokens_per_slot"):
                     ax.annotate(f"{r['tokens_per_slot']:.1f}:1", (x, y), fontsize=6, xytext=(3, 3),
                                 textcoords="offset points")
+            elif r["method"].startswith("trained/"):  # a retrofit cell: its own point, named
+                ax.plot(r["stored"] / KIB, r["k"] / r["n"], marker="D", ms=6, ls="none", color="C6")
+                ax.annotate(r["method"].removeprefix("trained/"), (r["stored"] / KIB, r["k"] / r["n"]), fontsize=6,
+                            xytext=(3, -8), textcoords="offset points")
             elif r["method"] == FULL:
                 ax.plot(r["stored"] / KIB, r["k"] / r["n"], marker="*", ms=12, ls="none", color="C3", label=FULL)
         ax.set_xscale("log")
