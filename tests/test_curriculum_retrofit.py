@@ -223,3 +223,24 @@ def test_the_heads_plot_takes_two_shapes_with_as_many_global_heads(tmp_path):
     out = tmp_path / "heads.png"
     heads_plot(cells, [2048], out)
     assert out.stat().st_size > 0
+
+
+def test_finished_cells_are_each_models_last_stage_once_it_finished(tmp_path):
+    """What scores a study's cells (scripts/retrofit_cells.py) gets each model's last stage's checkpoint,
+    per seed, and only once that stage trained all its steps."""
+    from anchormass.curriculum.cells import finished_cells
+    from anchormass.curriculum.plan import plan
+    from anchormass.runs.layout import last_checkpoint, result_file
+
+    r = recipe([std(), RETRO], seeds=[0, 1])
+    runs = {(p.seed, p.model, p.stage): p.out_dir for p in plan(r, tmp_path)}
+
+    def finish(folder, completed=True):
+        last_checkpoint(folder).parent.mkdir(parents=True)
+        last_checkpoint(folder).write_bytes(b"")
+        result_file(folder).write_text(json.dumps({"completed": completed, "global_step": 2, "total_steps": 2}))
+
+    finish(runs[(0, "std", "pre")])
+    finish(runs[(0, "g8", "retro")])
+    finish(runs[(1, "g8", "retro")], completed=False)  # stopped on a signal: not a finished cell
+    assert finished_cells(r, tmp_path) == {"g8_seed0": last_checkpoint(runs[(0, "g8", "retro")])}

@@ -24,6 +24,11 @@ NOT_SETTINGS = ("hydra", "verbose", "logger", "callbacks", "trainer.enable_progr
                 "data.num_workers", "run_name", "output_dir", "ckpt_path", "overwrite", "resume_overrides")
 
 
+# Settings added after runs were recorded, with the value every earlier run had in effect: a record
+# without the key is the same run as a config with this value (the retrofit objectives, §6 l).
+ADDED_LATER = {"stage.objective.kind": "lm", "stage.objective.teacher": None, "stage.trainable": "all"}
+
+
 def _left_out(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
@@ -39,6 +44,7 @@ def run_settings(cfg: DictConfig, leave_out: Iterable[str] = ()) -> dict[str, An
 def setting_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> list[str]:
     """`key: old -> new` for each key that differs (absent on one side: `-`), at most `limit`
     named and then how many more."""
+    old, new = {**ADDED_LATER, **old}, {**ADDED_LATER, **new}
     keys = [k for k in sorted(set(old) | set(new)) if old.get(k, "-") != new.get(k, "-")]
     shown = [f"{k}: {old.get(k, '-')} -> {new.get(k, '-')}" for k in keys[:limit]]
     return shown + ([f"{len(keys) - limit} more"] if len(keys) > limit else [])
