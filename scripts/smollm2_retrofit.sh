@@ -14,12 +14,12 @@ LENGTHS=${LENGTHS:-[1024,2048,4096,8192]}
 source scripts/smollm2_setup.sh
 
 if [ ! -f imports/smollm2_retrieval2/model.ckpt ]; then
-  GROUPS=$("$PY" -c "
+  GLOBAL_GROUPS=$("$PY" -c "
 import json, torch
 from anchormass.eval.suites.kv_frontier.variants import chosen_groups
 scores = json.load(open('docs/results/smollm2/classic/results.json'))['suites']['kv_frontier']['settings']['retrieval_scores']
 print(json.dumps(chosen_groups(torch.tensor(scores), 2, 'retrieval')).replace(' ', ''))")
-  "$PY" scripts/import_hf.py src="$GGUF" out=imports/smollm2_retrieval2 "global_groups=$GROUPS"
+  "$PY" scripts/import_hf.py src="$GGUF" out=imports/smollm2_retrieval2 "global_groups=$GLOBAL_GROUPS"
 fi
 
 "$PY" scripts/run_curriculum.py curriculum=retrofit_smollm2
