@@ -11,17 +11,30 @@ make kvpress-env
 
 EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT")
 NATURAL=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.filler_path=data/english_docs/val.bin
-         eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural 'eval.kv_frontier.anchormass.shares=[2]'
-         'eval.kv_frontier.anchormass.selections=[retrieval]' 'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]'
+         eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural 'eval.kv_frontier.anchormass.shares=[1,2]'
+         'eval.kv_frontier.anchormass.selections=[retrieval,index]' 'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]'
          'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
          'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
 
+# Beyond 1,024 tokens, the cells that recall anything at 1,024 and their matched baselines: two
+# retrieval-chosen global groups at every G, g8 without outliers, every press at the g4 and g8 bytes.
+LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.selections=[retrieval]'
+      'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
+      'eval.kv_frontier.anchormass.oracle_group_sizes=[]'
+      'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
+
 # 1. the classic filler at 1,024 tokens, every cell; then the held-out perplexity (1K-8K)
 "${EV[@]}" out_dir=runs/eval/smollm2_classic overwrite=true
-# 2. the natural-text haystack (held-out English documentation) at 1,024 tokens
+# 2. the classic filler at 2K, 4K and 8K, one length at a time (each length's rows finish before the next starts)
+for L in 2048 4096 8192; do
+  "${EV[@]}" out_dir="runs/eval/smollm2_classic_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" "${LONG[@]}"
+done
+# 3. the natural-text haystack (held-out English documentation) at 1,024 tokens
 "${EV[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
-# 3. the renders
+# 4. the renders
 "${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic" overwrite=true
+"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_long" overwrite=true \
+  'eval.kv_frontier.lengths=[2048,4096,8192]' "${LONG[@]}"
 "${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
-# 4. speed on the same weights (run it on a quiet machine: it times)
+# 5. speed on the same weights (run it on a quiet machine: it times)
 "$PY" scripts/bench_hf.py ckpt="$CKPT" out="$OUT/efficiency" train_length=1024
