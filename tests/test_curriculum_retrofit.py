@@ -244,3 +244,29 @@ def test_finished_cells_are_each_models_last_stage_once_it_finished(tmp_path):
     finish(runs[(0, "g8", "retro")])
     finish(runs[(1, "g8", "retro")], completed=False)  # stopped on a signal: not a finished cell
     assert finished_cells(r, tmp_path) == {"g8_seed0": last_checkpoint(runs[(0, "g8", "retro")])}
+
+
+def test_the_smollm2_recipe_starts_every_cell_from_an_import_with_equal_tokens(tmp_path):
+    """configs/curriculum/retrofit_smollm2.yaml (docs/method.md §6 l): each model's first stage starts
+    from an imported checkpoint file across architectures; attention-transfer stages say so; every
+    design sees the same tokens per 90-step stage (the schedule's three stages add up to one)."""
+    runs = planned_runs(load_curriculum("retrofit_smollm2"), tmp_path)
+    first = {}
+    for r in runs:
+        first.setdefault(r.model, r)
+    assert all(str(r.init_from).endswith(".ckpt") and "imports/smollm2" in str(r.init_from)
+               and "init_across_arch=true" in r.args for r in first.values())
+    assert "imports/smollm2/model.ckpt" in str(first["e2e_g8_index"].init_from)
+    transfer = [r for r in runs if r.stage == "transfer_1k"]
+    assert transfer and all("stage.objective={kind:attention_transfer}" in r.args for r in transfer)
+    assert not any("objective" in a for r in runs if r.stage != "transfer_1k" for a in r.args)
+
+    def tokens(model):
+        total = 0
+        for r in (r for r in runs if r.model == model):
+            v = {a.split("=", 1)[0]: int(a.split("=", 1)[1]) for a in r.args
+                 if a.startswith(("stage.total_steps=", "stage.global_batch_size=", "stage.seq_len="))}
+            total += v["stage.total_steps"] * v["stage.global_batch_size"] * v["stage.seq_len"]
+        return total
+
+    assert {tokens(m) for m in first if m != "transfer_then_e2e_g8"} == {90 * 2 * 1024}
