@@ -100,7 +100,7 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
     if start_ckpt is not None and not cfg.get("ckpt_path"):
         # init_from: weights only (a resume gets everything from Lightning's own restore).
         check_same_tokenizer(start_ckpt["hyper_parameters"], meta, start, data_dir)
-        load_weights(module.model, start_ckpt, start)
+        load_weights(module.model, start_ckpt, start, fresh_start=True)
     module.resume_changes = resume_changes  # made to take effect by ResumeOverrides (resume_settings.py)
     return module
 
