@@ -15,6 +15,7 @@ from anchormass.models.config import ModelConfig, available_presets
 from anchormass.models.kernels.block_sdpa import BlockSdpaKernel
 from anchormass.models.kernels.flex import FlexKernel
 from anchormass.models.reference import reference_anchormass_attention
+from anchormass.runs.start_module import check_same_architecture
 from anchormass.runs.train import train
 from anchormass.training.checkpoint import load_weights, read_checkpoint
 
@@ -212,3 +213,12 @@ def test_the_slot_probe_refuses_a_learned_model_in_one_line():
     x = torch.zeros(1, 4, 100, 32)
     with pytest.raises(ConfigError, match="^the slot probe reads the rule's choice only"):
         LayerView(_learned(), LayerQKV(x, x, x))
+
+
+def test_changing_the_scorer_is_crossing_architectures():
+    """A resume (or init_from without init_across_arch=true) that changes outlier_scorer is refused
+    in one line: a resume must restore every tensor, and the rule's checkpoint has no scorers."""
+    rule = load_model_config("anchormass_tiny").to_dict()
+    with pytest.raises(CheckpointError, match=r"outlier_scorer: rule in checkpoint vs learned\); init_across_arch"):
+        check_same_architecture(rule, _learned(), "rule.ckpt")
+    check_same_architecture(rule, _learned(), "rule.ckpt", across_arch=True)
