@@ -23,10 +23,14 @@ def tiny_checkpoint(path: Path, preset: str, tokenizer: Path, seed: int = 0, **c
     """A training-format checkpoint of a random-init `preset` (vocab VOCAB).
 
     init_std defaults to 0.2 instead of 0.02: peaked next-token distributions, so greedy decoding
-    compares real choices rather than near-ties of an almost uniform softmax."""
+    compares real choices rather than near-ties of an almost uniform softmax. A learned outlier
+    scorer (outlier_scorer=learned) is drawn at random too: its zero init is also what a load that
+    dropped it would give."""
     cfg = load_model_config(preset).replace(**{"vocab_size": VOCAB, "init_std": 0.2, **changes})
     torch.manual_seed(seed)
     model = build_model(cfg)
+    for name in model.may_start_without():
+        torch.nn.init.normal_(model.get_parameter(name), 0.0, 1.0)
     atomic_torch_save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                        "hyper_parameters": {"model_config": cfg.to_dict(), "tokenizer_path": str(tokenizer),
                                             "trained_lengths": [cfg.original_max_len]}}, path)

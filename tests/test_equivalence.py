@@ -1,7 +1,8 @@
 """THE invariant (docs/method.md §2.5): parallel logits == chunked prefill + token-by-token decode (fp32, <= 1e-4).
 
 Both models, random init. The budget is large enough that stage 2 never fires. Both again with
-grouped-query attention and tied embeddings (tests/_gqa_helpers.py).
+grouped-query attention and tied embeddings (tests/_gqa_helpers.py), and AnchorMass with a learned
+outlier scorer (outlier_scorer=learned) drawn at random, so its choices differ from the zero init's.
 """
 
 import pytest
@@ -22,7 +23,11 @@ def model(name):
         spec = load_model_config("anchormass_tiny").replace(group_size=1) if name == "anchormass_tiny_g1" else name
         if name.endswith("_gqa"):
             spec = gqa_config(name.removesuffix("_tiny_gqa"))
+        if name.endswith("_learned"):
+            spec = load_model_config(name.removesuffix("_learned")).replace(outlier_scorer="learned")
         MODELS[name] = build_model(spec).eval()
+        for block in MODELS[name].blocks if name.endswith("_learned") else []:
+            torch.nn.init.normal_(block.attn.outlier_score, 0.0, 1.0)
     return MODELS[name]
 
 
@@ -41,6 +46,8 @@ def incremental_logits(m, ids, chunk, prompt_len):
 CASES = [(5, 1), (5, 7), (15, 7), (15, 1000), (100, 1), (100, 64), (200, 7), (200, 1000), (333, 64), (333, 1000)]
 NAMES = ("anchormass_tiny", "standard_tiny", "anchormass_tiny_g1", "anchormass_tiny_gqa", "standard_tiny_gqa")
 ALL_CASES = [(name, t, c) for name in NAMES for t, c in CASES]
+# The learned scorer acts once a block is compressed: from S + C = 80 tokens on.
+ALL_CASES += [("anchormass_tiny_learned", t, c) for t, c in CASES if t >= 100]
 
 
 @pytest.mark.parametrize("name, t, chunk", ALL_CASES, ids=[f"{n}-T{t}-chunk{c}" for n, t, c in ALL_CASES])

@@ -33,7 +33,8 @@ TRAINED = 256  # original_max_len of the test checkpoints
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """{name: (checkpoint, export folder)} for standard_tiny and anchormass_tiny, and both with
-    grouped-query attention and tied embeddings (<preset>_gqa, tests/_gqa_helpers.py)."""
+    grouped-query attention and tied embeddings (<preset>_gqa, tests/_gqa_helpers.py); anchormass_tiny
+    with a learned outlier scorer (anchormass_tiny_learned: the folder carries the scorer's tensors)."""
     base = tmp_path_factory.mktemp("hf_export")
     tok = tiny_tokenizer(base)
     gqa = {k: v for k, v in GQA.items() if k != "vocab_size"}
@@ -43,6 +44,9 @@ def exported(tmp_path_factory):
             ckpt = tiny_checkpoint(base / f"{name}.ckpt", preset, tok, init_std=std, original_max_len=TRAINED,
                                    **changes)
             out[name] = (ckpt, export_checkpoint(ckpt, base / f"{name}_hf"))
+    ckpt = tiny_checkpoint(base / "learned.ckpt", "anchormass_tiny", tok, init_std=0.2, original_max_len=TRAINED,
+                           outlier_scorer="learned")
+    out["anchormass_tiny_learned"] = (ckpt, export_checkpoint(ckpt, base / "anchormass_tiny_learned_hf"))
     return out
 
 
@@ -114,7 +118,7 @@ def test_another_kv_head_sharing_would_be_caught(exported):
         assert (hf(ids).logits - ours(ids)).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["anchormass_tiny", "anchormass_tiny_gqa"])
+@pytest.mark.parametrize("name", ["anchormass_tiny", "anchormass_tiny_gqa", "anchormass_tiny_learned"])
 def test_anchormass_loads_with_remote_code_and_matches(exported, name):
     from transformers import AutoModelForCausalLM
 

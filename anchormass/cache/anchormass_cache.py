@@ -29,7 +29,8 @@ slots, and attends to one slice glob[:end]; glob_k/v therefore carry, past the s
 stage rows for one piece: per-chunk working memory, which
 `nbytes` leaves out and which `end_prefill` (or the first decode step) drops. The
 position-only parts of the chunk masks are built once per forward and shared by the layers.
-Stage 1 is the same `compress_blocks` the parallel path calls. Stage 2 runs in `after_forward`
+Stage 1 is the same `compress_blocks` the parallel path calls, with the layer's learned outlier
+scorer when the model has one (handed in with each `attend`). Stage 2 runs in `after_forward`
 (once per model forward, after all layers).
 """
 
@@ -164,29 +165,31 @@ class AnchorMassLayerCache(LayerCache):
         return [self.local_k, self.local_v, self.glob_k[:, :, :rows], self.glob_v[:, :, :rows], self.mass, self.counts]
 
     # ------------------------------------------------------------------ attention
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [B, H, T, D], k, v [B, H_kv, T, D] post-RoPE at positions n_seen + arange(T) -> [B, H, T, D]."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scorer: torch.Tensor | None = None) -> torch.Tensor:
+        """q [B, H, T, D], k, v [B, H_kv, T, D] post-RoPE at positions n_seen + arange(T) -> [B, H, T, D].
+        scorer: the layer's learned outlier scorer [Hg_kv, D] (outlier_scorer="learned"), else None."""
         if self.mass is None:
             self._allocate(k)
         outs = []
         for s in range(0, q.shape[2], PIECE):
             piece = slice(s, s + PIECE)
-            outs.append(self._attend_piece(q[:, :, piece], k[:, :, piece], v[:, :, piece]))
+            outs.append(self._attend_piece(q[:, :, piece], k[:, :, piece], v[:, :, piece], scorer))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
-    def _attend_piece(self, q, k, v):
+    def _attend_piece(self, q, k, v, scorer):
         nl, nkl, t = self.cfg.n_local_heads, self.cfg.n_local_kv_heads, q.shape[2]
         out = torch.empty_like(q)
         if t == 1:  # decode: write first, then attend to buffer slices
             self._drop_stage()  # prefill scratch must not outlive the prefill, end_prefill() or not
             if nl:
                 out[:, :nl] = self._decode_local(q[:, :nl], k[:, :nkl], v[:, :nkl])
-            out[:, nl:] = self._decode_global(q[:, nl:], k[:, nkl:], v[:, nkl:])
+            out[:, nl:] = self._decode_global(q[:, nl:], k[:, nkl:], v[:, nkl:], scorer)
         else:
             pos = torch.arange(self.n_seen, self.n_seen + t, device=q.device)  # [T] absolute positions
             if nl:
                 out[:, :nl] = self._chunk_local(q[:, :nl], k[:, :nkl], v[:, :nkl], pos)
-            out[:, nl:] = self._chunk_global(q[:, nl:], k[:, nkl:], v[:, nkl:], pos)
+            out[:, nl:] = self._chunk_global(q[:, nl:], k[:, nkl:], v[:, nkl:], pos, scorer)
         self.n_seen += t
         return out
 
@@ -221,7 +224,7 @@ class AnchorMassLayerCache(LayerCache):
         """+log(mass) logits; with cfg.mass_bias off only mass 0 (absent) is masked."""
         return slot_log_mass(mass, self.cfg.mass_bias)
 
-    def _decode_global(self, q, k, v):
+    def _decode_global(self, q, k, v, scorer):
         """One token: it is a sink or joins the tail; it sees every present entry (mass > 0)."""
         cfg, p0 = self.cfg, self.n_seen
         s, c = cfg.n_sinks, cfg.block_size
@@ -237,11 +240,11 @@ class AnchorMassLayerCache(LayerCache):
         if p0 >= s and r0 + 1 == c:  # the block is complete: compress it, empty the tail
             tail = slice(s, s + c)
             self._append_slots(*compress_blocks(self.glob_k[:, :, tail], self.glob_v[:, :, tail], cfg,
-                                                forced=self._forced(p0 + 1 - c, c)))
+                                                forced=self._forced(p0 + 1 - c, c), scorer=scorer))
             self.mass[:, tail] = 0.0
         return out
 
-    def _chunk_global(self, q, k, v, pos):
+    def _chunk_global(self, q, k, v, pos, scorer):
         cfg, p0, t = self.cfg, self.n_seen, q.shape[2]
         s, c = cfg.n_sinks, cfg.block_size
         b = q.shape[0]
@@ -268,7 +271,8 @@ class AnchorMassLayerCache(LayerCache):
         if n_blocks:
             done = slice(raw0, raw0 + n_blocks * c)
             new_k, new_v, new_mass = compress_blocks(self.glob_k[:, :, done], self.glob_v[:, :, done], cfg,
-                                                     forced=self._forced(max(p0, s) - r0, n_blocks * c))
+                                                     forced=self._forced(max(p0, s) - r0, n_blocks * c),
+                                                     scorer=scorer)
             self.glob_k[:, :, new0:end] = new_k
             self.glob_v[:, :, new0:end] = new_v
         else:

@@ -23,10 +23,12 @@ def _attention_weights(cfg: ModelConfig) -> int:
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Analytic count: embedding + head (one matrix when tied), per layer q/k/v/o + SwiGLU + 2 norms,
-    final norm."""
+    """Analytic count: embedding + head (one matrix when tied), per layer q/k/v/o + SwiGLU + 2 norms
+    (+ the learned outlier scorer, one vector per global KV head), final norm."""
     d = cfg.d_model
     per_layer = _attention_weights(cfg) + 3 * d * cfg.ffn_dim + 2 * d
+    if cfg.arch == "anchormass" and cfg.outlier_scorer == "learned":
+        per_layer += cfg.n_global_kv_heads * cfg.head_dim
     n_vocab_mats = 1 if cfg.tie_embeddings else 2
     return n_vocab_mats * cfg.vocab_size * d + cfg.n_layers * per_layer + d
 

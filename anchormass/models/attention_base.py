@@ -50,8 +50,12 @@ class SelfAttention(nn.Module):
         if cache is None:
             out = self.parallel_attention(q, k, v)
         else:
-            out = cache.layers[self.layer_idx].attend(q, k, v)  # q [B, H, T, D]; k, v [B, H_kv, T, D]
+            out = self.cached_attention(cache.layers[self.layer_idx], q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def cached_attention(self, layer_cache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This layer's attention through the session cache: q [B, H, T, D]; k, v [B, H_kv, T, D]."""
+        return layer_cache.attend(q, k, v)
 
     def parallel_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Every position at once (training, cache-free forward). q [B, H, T, D], k, v [B, H_kv, T, D],

@@ -29,8 +29,10 @@ SlotPolicyName = Literal["adaptive", "score_merge", "uniform_merge", "priority",
 MergeWeighting = Literal["energy", "mass"]
 BackgroundKey = Literal["anchor", "mean"]
 AttnImpl = Literal["auto", "block_sdpa", "flex"]
+OutlierScorer = Literal["rule", "learned"]
 ARCHS, SLOT_POLICIES = typing.get_args(Arch), typing.get_args(SlotPolicyName)
-MERGE_WEIGHTINGS, BACKGROUND_KEYS, ATTN_IMPLS = (typing.get_args(t) for t in (MergeWeighting, BackgroundKey, AttnImpl))
+MERGE_WEIGHTINGS, BACKGROUND_KEYS, ATTN_IMPLS, OUTLIER_SCORERS = (
+    typing.get_args(t) for t in (MergeWeighting, BackgroundKey, AttnImpl, OutlierScorer))
 # Plain field types -> (accepted Python types, how to say it).
 _PLAIN_TYPES = {int: (int, "an integer"), float: ((int, float), "a number"), bool: (bool, "true or false"),
                 str: (str, "a string")}
@@ -76,6 +78,10 @@ class ModelConfig:
     slot_budget: int  # M_max: default stage-2 budget (slots)
     outlier_cos: float
     outlier_rel_norm: float
+    # Which token of a group stage 1 keeps exact: "rule" (docs/method.md §2.3: the one least like
+    # the group's mean value, when it passes the thresholds above) | "learned" (a per-layer scorer
+    # on the values picks one in every group, trained straight-through).
+    outlier_scorer: OutlierScorer
 
     # Ablations (docs/method.md §6, "ablations"): each a config override.
     outliers: bool  # False: never emit an outlier slot
@@ -204,7 +210,7 @@ class ModelConfig:
 
 # Fields added after checkpoints were written, with the value that gives the model they describe:
 # an older checkpoint's `model_config` lacks them and loads as that model.
-FIELDS_ADDED_LATER = {"n_kv_heads": None, "tie_embeddings": False}
+FIELDS_ADDED_LATER = {"n_kv_heads": None, "tie_embeddings": False, "outlier_scorer": "rule"}
 
 
 @functools.cache

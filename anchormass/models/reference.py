@@ -29,10 +29,11 @@ def _dense_softmax_attend(q, k, v, bias) -> torch.Tensor:
 
 
 def reference_anchormass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                   cfg: ModelConfig) -> torch.Tensor:
+                                   cfg: ModelConfig, scorer: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, T, D], k, v [B, H_kv, T, D] post-RoPE, all heads (query heads [0, n_local) local,
     KV heads [0, n_local / q_per_kv)). Returns [B, H, T, D]. Stage 1 compresses the KV heads; the
-    copies to query heads come after it."""
+    copies to query heads come after it. scorer: the layer's learned outlier scorer [Hg_kv, D]
+    (outlier_scorer="learned"), else None."""
     b, h, t, d = q.shape
     nl, s, c = cfg.n_local_heads, cfg.n_sinks, cfg.block_size
     nkl, g = cfg.n_local_kv_heads, cfg.q_per_kv
@@ -47,7 +48,8 @@ def reference_anchormass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     qg, kg, vg = q[:, nl:], k[:, nkl:], v[:, nkl:]
     n_sink = min(s, t)
     n_blocks = max(0, t - s) // c
-    slot_k, slot_v, slot_mass = compress_blocks(kg[:, :, s:s + n_blocks * c], vg[:, :, s:s + n_blocks * c], cfg)
+    slot_k, slot_v, slot_mass = compress_blocks(kg[:, :, s:s + n_blocks * c], vg[:, :, s:s + n_blocks * c], cfg,
+                                                  scorer=scorer)
     n_slots = slot_mass.shape[1]
     keys = torch.cat([kg[:, :, :n_sink], slot_k, kg[:, :, n_sink:]], dim=2)  # [B, Hg_kv, S + slots + (T-S), D]
     vals = torch.cat([vg[:, :, :n_sink], slot_v, vg[:, :, n_sink:]], dim=2)

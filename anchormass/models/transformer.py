@@ -8,7 +8,8 @@ so an untied checkpoint's keys and a tied one's are the same.
 
 Init: every weight matrix ~ N(0, init_std); the two residual output projections (attention
 o_proj, FFN w2) use init_std / sqrt(2 * n_layers) so the residual stream's variance does not
-grow with depth (GPT-2 style). Norm weights start at 1.
+grow with depth (GPT-2 style). Norm weights start at 1; a learned outlier scorer at 0
+(attention_anchormass.py says why).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from anchormass.errors import DataError
-from anchormass.models.attention_anchormass import AnchorMassAttention
+from anchormass.models.attention_anchormass import OUTLIER_SCORE, AnchorMassAttention
 from anchormass.models.attention_standard import StandardAttention
 from anchormass.models.config import ModelConfig
 from anchormass.models.layers import RMSNorm, SwiGLU
@@ -57,12 +58,19 @@ class LanguageModel(nn.Module):
     def reset_parameters(self) -> None:
         std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(OUTLIER_SCORE):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:
                 nn.init.ones_(p)  # RMSNorm weights
             elif name.endswith(("o_proj.weight", "w2.weight")):
                 nn.init.normal_(p, 0.0, resid_std)
             else:
                 nn.init.normal_(p, 0.0, std)
+
+    def may_start_without(self) -> list[str]:
+        """State-dict keys a weights-only start (init_from) may lack, keeping their init: the learned
+        outlier scorers, which a Standard or a rule AnchorMass checkpoint does not have."""
+        return [name for name, _ in self.named_parameters() if name.endswith(OUTLIER_SCORE)]
 
     # ---------------------------------------------------------------- forward
     def rope(self, t: int, device: torch.device, cache=None,

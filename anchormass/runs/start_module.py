@@ -31,12 +31,14 @@ def resolve_model_config(cfg: DictConfig, meta: dict):
 # Fields that make two models different architectures even when their tensors have equal shapes
 # (Standard and AnchorMass have identical parameter lists).
 ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-               "tie_embeddings", "n_local_heads", "n_global_heads")
+               "tie_embeddings", "n_local_heads", "n_global_heads", "outlier_scorer")
 
 
 # What `init_across_arch=true` lets differ: Standard <-> AnchorMass with the same tensors (uptraining
-# a Standard checkpoint into AnchorMass, or a curriculum's shared stage, docs/method.md §5).
-ACROSS_ARCH_FIELDS = ("arch", "n_local_heads", "n_global_heads")
+# a Standard checkpoint into AnchorMass, or a curriculum's shared stage, docs/method.md §5), and the
+# rule's outlier choice <-> a learned one (the scorers a checkpoint lacks keep their init; a resume,
+# which must restore every tensor, is refused in one line).
+ACROSS_ARCH_FIELDS = ("arch", "n_local_heads", "n_global_heads", "outlier_scorer")
 
 
 def check_same_architecture(saved: dict, model_cfg, path, across_arch: bool = False) -> None:
@@ -100,7 +102,7 @@ def build_module(cfg: DictConfig, data_dir: Path, meta: dict) -> LitLanguageMode
     if start_ckpt is not None and not cfg.get("ckpt_path"):
         # init_from: weights only (a resume gets everything from Lightning's own restore).
         check_same_tokenizer(start_ckpt["hyper_parameters"], meta, start, data_dir)
-        load_weights(module.model, start_ckpt, start)
+        load_weights(module.model, start_ckpt, start, fresh_start=True)
     module.resume_changes = resume_changes  # made to take effect by ResumeOverrides (resume_settings.py)
     return module
 

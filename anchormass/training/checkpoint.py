@@ -146,9 +146,18 @@ def model_state(ckpt: dict) -> dict[str, torch.Tensor]:
     return {k[len(STATE_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)}
 
 
-def load_weights(model: torch.nn.Module, ckpt: dict, path: str | os.PathLike = "<checkpoint>") -> None:
-    """Copy a checkpoint's weights into `model`; a shape/key mismatch is a CheckpointError."""
+def load_weights(model: torch.nn.Module, ckpt: dict, path: str | os.PathLike = "<checkpoint>",
+                 fresh_start: bool = False) -> None:
+    """Copy a checkpoint's weights into `model`; a shape/key mismatch is a CheckpointError.
+
+    fresh_start=True (a run's init_from): the parameters `model.may_start_without()` names may be absent
+    from the checkpoint and keep the model's init; every other missing or unexpected key is refused.
+    """
     state = model_state(ckpt)
+    if fresh_start:
+        own = model.state_dict()
+        for name in model.may_start_without():
+            state.setdefault(name, own[name])
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:

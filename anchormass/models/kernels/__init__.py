@@ -4,7 +4,8 @@ An attention module holds one kernel object, chosen from `cfg.attn_impl` when th
 built. Every kernel answers the same two questions for post-RoPE q [B, H, T, D] and k, v
 [B, H_kv, T, D] (H_kv = H / q_per_kv, grouped-query attention):
 `local_attention` (the sliding-window heads) and `global_attention` (sinks + slots with
-+log(mass) + the query's own block), and gives the same numbers:
++log(mass) + the query's own block; `scorer`: the layer's learned outlier scorer, or None for
+the rule), and gives the same numbers:
   * `block_sdpa.BlockSdpaKernel`: query chunks over SDPA with an additive bias; fwd + bwd anywhere.
   * `flex.FlexKernel`: compiled FlexAttention; CUDA fwd + bwd, CPU forward only.
   * `AutoKernel`: FlexAttention on CUDA tensors, block-wise SDPA on any other device.
@@ -23,7 +24,8 @@ class AttentionKernel(Protocol):
     def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Sliding window of `cfg.window` keys, the query included. q [B, Hl, T, D] -> [B, Hl, T, D]."""
 
-    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         scorer: torch.Tensor | None = None) -> torch.Tensor:
         """docs/method.md §2.2 for every position. q [B, Hg, T, D] -> [B, Hg, T, D]."""
 
 
@@ -44,8 +46,8 @@ class AutoKernel:
     def local_attention(self, q, k, v):
         return self._for(q).local_attention(q, k, v)
 
-    def global_attention(self, q, k, v):
-        return self._for(q).global_attention(q, k, v)
+    def global_attention(self, q, k, v, scorer=None):
+        return self._for(q).global_attention(q, k, v, scorer)
 
 
 def make_kernel(cfg: ModelConfig, impl: str | None = None) -> AttentionKernel:

@@ -37,9 +37,10 @@ class BlockSdpaKernel:
     def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return local_attention(q, k, v, self.cfg.window, chunk=self.query_chunk)
 
-    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         scorer: torch.Tensor | None = None) -> torch.Tensor:
         return global_attention(q, k, v, self.cfg, chunk=self.query_chunk,
-                                recompute=q.shape[2] > self.recompute_above)
+                                recompute=q.shape[2] > self.recompute_above, scorer=scorer)
 
 
 def chunk_bounds(t: int, n_sinks: int, block_size: int, chunk: int) -> list[tuple[int, int]]:
@@ -98,9 +99,10 @@ def _slot_counts(bounds: list[tuple[int, int]], n_sinks: int, block_size: int, s
 
 
 def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig,
-                     chunk: int = 256, recompute: bool = False) -> torch.Tensor:
+                     chunk: int = 256, recompute: bool = False, scorer: torch.Tensor | None = None) -> torch.Tensor:
     """docs/method.md §2.2 for every position. q [B, Hg, T, D], k, v [B, Hg_kv, T, D] post-RoPE
-    global heads (Hg_kv divides Hg; stage 1 compresses the KV heads).
+    global heads (Hg_kv divides Hg; stage 1 compresses the KV heads); scorer: the layer's learned
+    outlier scorer [Hg_kv, D] or None (the rule).
 
     Every input is split once into the pieces the chunks use (sinks, per-chunk raw keys, the slots
     that become visible at each chunk), and each chunk concatenates its pieces: backward then adds
@@ -112,7 +114,7 @@ def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Mod
     32K); rebuilt, training keeps only each chunk's output, for one extra forward of this attention.
     """
     t = q.shape[2]
-    n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, cfg)
+    n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, cfg, scorer)
     bounds = chunk_bounds(t, cfg.n_sinks, cfg.block_size, chunk)
     raw_sizes = [max(0, end - max(start, n_sink)) for start, end in bounds]  # raw (non-sink) keys per chunk
     n_sl = _slot_counts(bounds, cfg.n_sinks, cfg.block_size, cfg.slots_per_block)

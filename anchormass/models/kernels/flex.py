@@ -104,10 +104,11 @@ class FlexKernel:
         mask = block_mask(local_key(q.shape[2], self.cfg, q.device), self.compiled)
         return self._attend(q, k, v, block_mask=mask, enable_gqa=is_gqa(q, k))
 
-    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def global_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         scorer: torch.Tensor | None = None) -> torch.Tensor:
         self._check_trainable(q)
         b, _, t, _ = q.shape
-        n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, self.cfg)
+        n_sink, slot_k, slot_v, slot_lm = global_slots(k, v, self.cfg, scorer)
         n_slots = slot_lm.shape[1]
         keys = torch.cat([k[:, :, :n_sink], slot_k, k[:, :, n_sink:]], dim=2)  # [B, Hg_kv, T + n_slots, D]
         vals = torch.cat([v[:, :, :n_sink], slot_v, v[:, :, n_sink:]], dim=2)

@@ -54,8 +54,9 @@ def slot_log_mass(slot_mass: torch.Tensor, mass_bias: bool) -> torch.Tensor:
     return torch.where(mass > 0, 0.0, float("-inf")).to(mass.dtype)
 
 
-def global_slots(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig):
-    """Slots of every complete block of k, v [B, Hg, T, D] (sinks excluded).
+def global_slots(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig, scorer: torch.Tensor | None = None):
+    """Slots of every complete block of k, v [B, Hg, T, D] (sinks excluded); scorer: the layer's
+    learned outlier scorer [Hg, D] (outlier_scorer="learned"), else None.
 
     Returns (n_sink, slot_k, slot_v, slot_log_mass [B, n_slots] fp32).
     """
@@ -63,5 +64,5 @@ def global_slots(k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig):
     n_sink = min(cfg.n_sinks, t)
     n_blocks = (t - n_sink) // cfg.block_size
     end = n_sink + n_blocks * cfg.block_size
-    slot_k, slot_v, slot_mass = compress_blocks(k[:, :, n_sink:end], v[:, :, n_sink:end], cfg)
+    slot_k, slot_v, slot_mass = compress_blocks(k[:, :, n_sink:end], v[:, :, n_sink:end], cfg, scorer=scorer)
     return n_sink, slot_k, slot_v, slot_log_mass(slot_mass, cfg.mass_bias)

@@ -2,8 +2,8 @@
 
 Read-only: forward pre-hooks on every layer's attention module record its input; q, k, v are then
 recomputed with the module's own projections and RoPE, and the compression is the one
-`compress_blocks` / `group_decisions` compute for the training path and the cache alike. Nothing
-in the model changes. Per layer and item:
+`compress_blocks` / `group_decisions` compute for the training path and the cache alike (the
+rule's choice: a model with outlier_scorer="learned" is refused). Nothing in the model changes. Per layer and item:
 
 - `emit`: the fraction of the item's compressed groups that emit an outlier slot;
 - per answer copy, what stage 1 kept of it: `outlier` (its own key and value, mass 1), `anchor`
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from anchormass.errors import ConfigError
 from anchormass.models.attention_base import repeat_kv
 from anchormass.models.compression import anchor_index, compress_blocks, group_decisions
 from anchormass.models.kernels.layout import query_view
@@ -82,6 +83,9 @@ class LayerView:
         self.cfg, self.qkv = cfg, qkv
         t = qkv.k.shape[2]
         self.anchormass = cfg.arch == "anchormass"
+        if self.anchormass and cfg.outlier_scorer == "learned":
+            # The probe compresses k, v copied to the query heads; a learned scorer lives on the KV heads.
+            raise ConfigError("the slot probe reads the rule's choice only; outlier_scorer='learned' is not supported")
         nl, s, c = cfg.n_local_heads, cfg.n_sinks, cfg.block_size
         self.n_blocks = max(0, t - s) // c if self.anchormass else 0
         if self.n_blocks:
