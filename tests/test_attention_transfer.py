@@ -99,3 +99,19 @@ def test_a_run_recorded_before_the_objective_existed_is_the_same_run_under_the_d
     assert setting_differences(old, now) == []
     assert setting_differences(old, {**now, "stage.objective.kind": "attention_transfer"}) == [
         "stage.objective.kind: lm -> attention_transfer"]
+
+
+def test_a_learned_outlier_scorer_is_trained_by_attention_transfer():
+    """model.outlier_scorer=learned (§2.3): attention transfer reaches the scorer (straight-through),
+    and freezing all but attention keeps it trainable."""
+    from anchormass.training.objectives import freeze_all_but_attention
+
+    teacher, _ = _pair()
+    student = build_model(load_model_config("anchormass_tiny").replace(outlier_scorer="learned"))
+    missing, _ = student.load_state_dict(teacher.state_dict(), strict=False)
+    assert missing and all(k.endswith("attn.outlier_score") for k in missing)
+    freeze_all_but_attention(student)
+    assert all(b.attn.outlier_score.requires_grad for b in student.blocks)
+    loss, _ = attention_transfer_loss(student, teacher, torch.randint(0, teacher.cfg.vocab_size, (1, 192)))
+    loss.backward()
+    assert all(b.attn.outlier_score.grad.abs().sum() > 0 for b in student.blocks)

@@ -26,7 +26,8 @@ NOT_SETTINGS = ("hydra", "verbose", "logger", "callbacks", "trainer.enable_progr
 
 # Settings added after runs were recorded, with the value every earlier run had in effect: a record
 # without the key is the same run as a config with this value (the retrofit objectives, §6 l).
-ADDED_LATER = {"stage.objective.kind": "lm", "stage.objective.teacher": None, "stage.trainable": "all"}
+ADDED_LATER = {"stage.objective.kind": "lm", "stage.objective.teacher": None, "stage.trainable": "all",
+               "model.outlier_scorer": "rule"}
 
 
 def _left_out(key: str, prefixes: Iterable[str]) -> bool:

@@ -26,7 +26,8 @@ from anchormass.errors import CheckpointError, ConfigError
 
 OBJECTIVES = ("lm", "attention_transfer")
 TRAINABLE = ("all", "attention")
-ATTENTION_PARAMS = (".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj.", ".attn.o_proj.")
+# the attention projections, and AnchorMass's learned outlier scorer (model.outlier_scorer=learned, §2.3)
+ATTENTION_PARAMS = (".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj.", ".attn.o_proj.", ".attn.outlier_score")
 # the fields that shape a layer's tensors: a teacher must agree on all of them (its arch may differ)
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size", "tie_embeddings")
 
