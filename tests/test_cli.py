@@ -53,7 +53,7 @@ def run_curriculum(*overrides: str) -> subprocess.CompletedProcess:
     (["verbose=3"], "error: verbose must be 0 (quiet), 1 (default) or 2 (everything), got 3"),
     (["evaluate=maybe"], "error: evaluate must be true or false, got 'maybe'"),
     (["curriculum=nope"], "error: unknown curriculum 'nope'; choose one of: ablations, full_158m, mini, recall_study, "
-                          "retrofit"),
+                          "retrofit, retrofit_smollm2"),
     (["curriculum.models=[standard_tiny]"], "error: the closing comparison needs two models, got "
                                             "curriculum.models=[standard_tiny]; pass two models or evaluate=false"),
 ])
