@@ -29,14 +29,13 @@ from anchormass.curriculum.execute import StageRun
 from anchormass.curriculum.recipe import START_FILE_SUFFIX, ModelSpec, Recipe, StageSpec, is_start_file
 from anchormass.errors import ConfigError
 from anchormass.models import load_model_config
+from anchormass.models.config import TENSOR_FIELDS
 from anchormass.models.equivalence import same_function_len
 from anchormass.runs.layout import last_checkpoint, seed_folder, stage_folder
-from anchormass.runs.start_module import ACROSS_ARCH_FIELDS, ARCH_FIELDS
+from anchormass.runs.start_module import ACROSS_ARCH_FIELDS
 from anchormass.utils import CONFIG_ROOT, resolve_path
 
 DATA_CONFIG_DIR = CONFIG_ROOT / "data"
-# The model fields that shape its tensors: a checkpoint seeds another model only if they agree.
-TENSOR_FIELDS = tuple(k for k in ARCH_FIELDS if k not in ACROSS_ARCH_FIELDS)
 # Every stage runs with these: its complete output (all levels, no progress bar) goes to its log
 # file, and its progress to a small file the runner shows as a live line.
 STAGE_CONSOLE_ARGS = ["verbose=2", "hydra/job_logging=stdout", "trainer.enable_progress_bar=false",

@@ -210,6 +210,12 @@ class ModelConfig:
 
 # Fields added after checkpoints were written, with the value that gives the model they describe:
 # an older checkpoint's `model_config` lacks them and loads as that model.
+# The fields that shape a model's tensors: two configs that agree on them hold tensors of the same
+# shapes (arch, the local/global split and the outlier scorer choice aside). Checked where one model
+# starts from, learns from or is scored against another's weights.
+TENSOR_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+                 "tie_embeddings")
+
 FIELDS_ADDED_LATER = {"n_kv_heads": None, "tie_embeddings": False, "outlier_scorer": "rule"}
 
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from anchormass.data.dataset_dir import fingerprint
 from anchormass.data.tokenizer_loader import load_tokenizer, tokenizer_in
 from anchormass.errors import CheckpointError
-from anchormass.models.config import FIELDS_ADDED_LATER, load_model_config
+from anchormass.models.config import FIELDS_ADDED_LATER, TENSOR_FIELDS, load_model_config
 from anchormass.runs.resume_settings import check_resume_settings
 from anchormass.training.checkpoint import load_weights, read_checkpoint
 from anchormass.training.checkpoint_tokenizer import carried
@@ -30,8 +30,7 @@ def resolve_model_config(cfg: DictConfig, meta: dict):
 
 # Fields that make two models different architectures even when their tensors have equal shapes
 # (Standard and AnchorMass have identical parameter lists).
-ARCH_FIELDS = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-               "tie_embeddings", "n_local_heads", "n_global_heads", "outlier_scorer")
+ARCH_FIELDS = ("arch", *TENSOR_FIELDS, "n_local_heads", "n_global_heads", "outlier_scorer")
 
 
 # What `init_across_arch=true` lets differ: Standard <-> AnchorMass with the same tensors (uptraining

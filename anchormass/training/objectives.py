@@ -23,13 +23,12 @@ import torch
 from torch import nn
 
 from anchormass.errors import CheckpointError, ConfigError
+from anchormass.models.config import TENSOR_FIELDS
 
 OBJECTIVES = ("lm", "attention_transfer")
 TRAINABLE = ("all", "attention")
 # the attention projections, and AnchorMass's learned outlier scorer (model.outlier_scorer=learned, §2.3)
 ATTENTION_PARAMS = (".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj.", ".attn.o_proj.", ".attn.outlier_score")
-# the fields that shape a layer's tensors: a teacher must agree on all of them (its arch may differ)
-SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size", "tie_embeddings")
 
 
 def check_objective(objective: dict | None, trainable: str) -> dict:
@@ -47,7 +46,7 @@ def check_objective(objective: dict | None, trainable: str) -> dict:
 def check_same_shapes(other: dict, reference: dict, what: str) -> None:
     """One-line CheckpointError unless `other`'s layers (ModelConfig.to_dict()) have `reference`'s
     shapes: `what` names the other model (an attention-transfer teacher, a trained cell)."""
-    differ = [k for k in SHAPE_FIELDS if other[k] != reference[k]]
+    differ = [k for k in TENSOR_FIELDS if other[k] != reference[k]]
     if differ:
         raise CheckpointError(f"{what} has other shapes than expected ("
                               + "; ".join(f"{k}: {other[k]} vs {reference[k]}" for k in differ) + ")")

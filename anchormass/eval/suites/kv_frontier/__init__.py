@@ -309,10 +309,14 @@ class KvFrontierSuite(Suite):
                 "rows": rows, "summary": summary, **({"ppl": ppl} if ppl else {})}
 
     def _load_trained(self, label: str):
-        from anchormass.training.checkpoint import load_model
+        """The trained cell's model, read (and its checksum verified) once for every length and the perplexity."""
+        info = self.trained[label]
+        if "model" not in info:
+            from anchormass.training.checkpoint import load_model
 
-        model, _ = load_model(self.trained[label]["path"])
-        return model.to(next(self.model.model.parameters()).device)
+            model, _ = load_model(info["path"])
+            info["model"] = model.to(next(self.model.model.parameters()).device)
+        return info["model"]
 
     def _perplexity(self, ctx, std, scores, once) -> dict | None:
         """NLL per anchor for the full cache and each chosen cell at every prior context (journaled)."""
@@ -323,7 +327,7 @@ class KvFrontierSuite(Suite):
         models = {FULL: std}
         for method, c in progress(steps, ctx.progress, "kv frontier ppl"):
             def score():
-                if method in self.trained and method not in models:
+                if method in self.trained:
                     models[method] = self._load_trained(method)
                 if method not in models:
                     variant = next(v for v in self.variants if v.label == method)
