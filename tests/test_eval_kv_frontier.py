@@ -3,6 +3,7 @@ AnchorMass variants made from those weights (global KV groups by retrieval score
 measured merge ratio, and a rerun that continues from the finished rows."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +195,57 @@ def test_a_trained_anchormass_checkpoint_is_scored_on_the_same_trials_and_journa
            "eval": {"kv_frontier": {**settings, "trained": {"x": save(other, tmp_path / "x.ckpt")}}}}
     with pytest.raises(Exception, match="other shapes than expected.*ffn_dim: 64 vs"):
         run_evaluation(bad, models=[m], tokenizer=tok)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not KVPRESS_PYTHON.is_file(), reason="needs kvpress's own environment (make kvpress-env)")
+def test_kvpress_runner_answers_every_press_from_one_prefill_as_from_its_own(tmp_path, assets):
+    """The runner's shared prefill (one forward, each press compressing its own copy of every layer's
+    keys and values) answers exactly as kvpress's own context manager, press by press."""
+    from anchormass.eval.suites.kv_frontier import peer
+
+    tok, m = assets
+    folder = peer.export_folder(m.model, tok.special_ids(), tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    items = [{"id": str(i), "prompt_ids": torch.randint(3, 400, (96,), generator=gen).tolist()} for i in range(2)]
+    presses = [{"label": name, "press": name, "kwargs": {"compression_ratio": 0.6, **kwargs}} for name, kwargs in
+               [("SnapKVPress", {"window_size": 8}), ("StreamingLLMPress", {"n_sink": 4}),
+                ("ObservedAttentionPress", {}), ("KnormPress", {}), ("TOVAPress", {})]]
+    answers = {}
+    for shared in ("true", "false"):
+        spec, out = tmp_path / f"items_{shared}.json", tmp_path / f"answers_{shared}.json"
+        spec.write_text(json.dumps({"model": str(folder), "max_new_tokens": 5, "presses": presses, "items": items}))
+        subprocess.run([str(KVPRESS_PYTHON), str(ROOT / peer.RUNNER), f"items={spec}", f"out={out}",
+                        f"shared={shared}"], check=True, capture_output=True)
+        answers[shared] = json.loads(out.read_text())["answers"]
+    assert answers["true"] == answers["false"]
+    kept = {name: got["0"]["kept"][0] for name, got in answers["true"].items()}
+    assert all(k < 96 for k in kept.values()), kept  # every press compressed
+
+
+def test_the_standards_methods_share_a_whole_prompt_prefill_and_score_as_one_session_each(tmp_path, assets,
+                                                                                         monkeypatch):
+    """With the whole prompt in one forward, the full cache and every policy at every level come from
+    one prefill per batch; the rows equal those of one session per method."""
+    import anchormass.eval.suites.kv_frontier as suite
+    from anchormass.eval.scoring import session_decode
+
+    tok, m = assets
+    cfg = {**CFG, "chunk": 512, "anchormass": {**CFG["anchormass"], "shares": [1], "selections": ["retrieval"],
+                                               "oracle_group_sizes": []}}
+    calls = []
+    real = suite.shared_session_decode
+    monkeypatch.setattr(suite, "shared_session_decode", lambda *a, **k: calls.append(len(a[4])) or real(*a, **k))
+
+    def rows_of(name):
+        out = run_evaluation({"suite": "kv_frontier", "out_dir": str(tmp_path / name), "progress": False,
+                              "eval": {"kv_frontier": {**cfg, "work_dir": str(tmp_path / f"work_{name}")}}},
+                             models=[m], tokenizer=tok)
+        rows = json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]["rows"]
+        return {(r["level"], r["method"]): (r["answers"], r["stored"]) for r in rows}
+
+    shared = rows_of("shared")
+    assert calls == [1 + 3 * 3]  # one batch of both trials: the full cache, 3 policies x 3 byte levels
+    monkeypatch.setattr(suite, "shared_session_decode", lambda model, ids, n, chunk, settings, vocab_limit: [
+        session_decode(model, ids, n, chunk, policy, budget, vocab_limit=vocab_limit) for policy, budget in settings])
+    assert rows_of("alone") == shared

@@ -123,6 +123,32 @@ class StandardLayerCache(LayerCache):
     # ------------------------------------------------------------------ seam
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D], k, v [B, H_kv, T, D] -> [B, H, T, D]."""
+        start = self._store(q, k, v)
+        t = k.shape[2]
+        keys, vals = self.keys(), self.values()
+        if keys.dtype != q.dtype:
+            keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+        gqa = q.shape[1] != self.n_kv_heads  # each KV head serves its group of query heads
+        if t == 1:
+            out = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=gqa)  # one query sees everything stored
+        elif start == 0:
+            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True, enable_gqa=gqa)
+        else:
+            # Stored slots are all earlier than the chunk: visible; the chunk itself is causal.
+            cols = torch.arange(start + t, device=q.device).unsqueeze(0)
+            rows = torch.arange(t, device=q.device).unsqueeze(1) + start
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=cols <= rows, enable_gqa=gqa)  # [B, H, T, D]
+        self._observe(q)
+        return out
+
+    def ingest(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Everything `attend` does to this cache, without computing the attention: for a cache that
+        follows another's prefill (shared_prefill.py), whose attention output is the same."""
+        self._store(q, k, v)
+        self._observe(q)
+
+    def _store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Append the chunk's k, v (and the slots' positions); returns the first new slot."""
         b, h, t, d = k.shape
         if (b, h, d) != (self.batch_size, self.n_kv_heads, self.head_dim) or q.shape[1] % h:
             raise ConfigError(f"standard cache holds [B={self.batch_size}, H_kv={self.n_kv_heads}, D={self.head_dim}], "
@@ -141,25 +167,13 @@ class StandardLayerCache(LayerCache):
             self.aux[POSITION_AUX][:, :, start:start + t] = torch.arange(
                 self.seen, self.seen + t, dtype=torch.int32, device=self.device)
         self.length = start + t
+        return start
 
-        keys, vals = self.keys(), self.values()
-        if keys.dtype != q.dtype:
-            keys, vals = keys.to(q.dtype), vals.to(q.dtype)
-        gqa = q.shape[1] != h  # each KV head serves its group of query heads
-        if t == 1:
-            out = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=gqa)  # one query sees everything stored
-        elif start == 0:
-            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True, enable_gqa=gqa)
-        else:
-            # Stored slots are all earlier than the chunk: visible; the chunk itself is causal.
-            cols = torch.arange(start + t, device=q.device).unsqueeze(0)
-            rows = torch.arange(t, device=q.device).unsqueeze(1) + start
-            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=cols <= rows, enable_gqa=gqa)  # [B, H, T, D]
-
+    def _observe(self, q: torch.Tensor) -> None:
+        """The policy sees the chunk's queries (after its keys are stored); the position advances."""
         if self.policy is not None:
             self.policy.on_attend(self, q)
-        self.seen += t
-        return out
+        self.seen += q.shape[2]
 
     def after_forward(self) -> None:
         if self.policy is not None:

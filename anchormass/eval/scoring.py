@@ -212,6 +212,26 @@ def session_decode(model, ids: torch.Tensor, new_tokens: int, chunk: int, policy
 
 
 @torch.no_grad()
+def shared_session_decode(model, ids: torch.Tensor, new_tokens: int, chunk: int, settings: list[tuple],
+                          vocab_limit: int | None = None) -> list[tuple[torch.Tensor, KVBytes]]:
+    """`session_decode` for each (policy, budget) of `settings` on a Standard model, from one prefill of
+    the prompt (cache/shared_prefill.py): the same answers and bytes, one forward instead of one each."""
+    from anchormass.cache.shared_prefill import SharedPrefill, check_one_chunk
+
+    check_one_chunk(ids.shape[1], chunk)
+    caches = [new_session(model, ids.shape[0], ids.shape[1], policy, budget) for policy, budget in settings]
+    logits = generate.prefill(model, ids, SharedPrefill(caches), chunk).float()
+    results = []
+    for cache in caches:
+        meter = KVBytes.after_prefill(cache)
+        out = generate.decode(model, cache, logits, new_tokens, vocab_limit=vocab_limit,
+                              callback=lambda step, _ids, cache=cache, meter=meter: meter.step(cache) if step else None)
+        meter.step(cache)
+        results.append((out, meter))
+    return results
+
+
+@torch.no_grad()
 def standard_bytes_per_token(model) -> int:
     """Stored K+V bytes one token costs in the Standard model's cache (all layers), measured."""
     from anchormass.cache.standard_cache import StandardCache

@@ -11,7 +11,13 @@ its full-attention prefill; the first answer token is the argmax of that forward
 each later token is one cached greedy step at its true position (the cache is shorter than the
 sequence after compression, so positions are passed explicitly). No press acts during decoding.
 
-    .venv-kvpress/bin/python scripts/peers/kvpress_generate.py items=items.json out=answers.json
+A press changes nothing its prefill computes (each layer's cache is compressed after that layer has
+attended over the full keys), so every press of an item is answered from one shared prefill: one hook
+per attention layer hands each press its own copy of the layer's full keys and values and calls the
+press's own `forward_hook` on it, as `with press(model)` would. A press that brings its own context
+manager (overrides `__call__`) gets a prefill of its own. The tests check that both routes answer alike.
+
+    .venv-kvpress/bin/python scripts/peers/kvpress_generate.py items=items.json out=answers.json [shared=false]
 
 items.json: {"model": "<HF Llama folder>", "max_new_tokens": 8,
              "presses": [{"label": "snapkv@0.75", "press": "SnapKVPress",
@@ -31,7 +37,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-OPTIONS = ("items", "out", "threads")
+OPTIONS = ("items", "out", "threads", "shared")
 
 
 def fail(message: str) -> None:
@@ -66,6 +72,7 @@ def make_press(spec: dict):
 
 
 def answer_one(model, press, prompt_ids: list[int], max_new_tokens: int) -> dict:
+    """One press, its own prefill, through kvpress's context manager."""
     import torch
     from transformers import DynamicCache
 
@@ -74,17 +81,61 @@ def answer_one(model, press, prompt_ids: list[int], max_new_tokens: int) -> dict
     with torch.inference_mode():
         with press(model):
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        kept = [layer.keys.shape[-2] for layer in cache.layers]
-        stored = sum(layer.keys.numel() * layer.keys.element_size()
-                     + layer.values.numel() * layer.values.element_size() for layer in cache.layers)
+        return continue_greedy(model, cache, out.logits[0, -1].argmax(), len(prompt_ids), max_new_tokens)
+
+
+def shares_prefill(press) -> bool:
+    """Presses that act only through kvpress's per-layer forward hook (no context manager of their own)."""
+    from kvpress.presses.base_press import BasePress
+
+    return type(press).__call__ is BasePress.__call__
+
+
+def answer_shared(model, presses: list, prompt_ids: list[int], max_new_tokens: int) -> list[dict]:
+    """Every press of `presses` (each `shares_prefill`) answered from one prefill of the prompt."""
+    import torch
+    from transformers import DynamicCache
+
+    caches = [DynamicCache() for _ in presses]
+
+    def hook(module, args, kwargs, output):
+        full, idx = kwargs["past_key_values"], module.layer_idx
+        for press, cache in zip(presses, caches):
+            cache.update(full.layers[idx].keys, full.layers[idx].values, idx)  # a copy of the full prefill
+            press.forward_hook(module, args, {**kwargs, "past_key_values": cache}, output)
+        return output
+
+    for press in presses:
+        press.post_init_from_model(model)
+    hooks = []
+    try:
+        for layer in model.model.layers:
+            layer.self_attn.rotary_emb = model.model.rotary_emb  # what kvpress's context manager sets
+            hooks.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([prompt_ids]), past_key_values=DynamicCache(), use_cache=True,
+                        logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    first = out.logits[0, -1].argmax()
+    with torch.inference_mode():
+        return [continue_greedy(model, cache, first, len(prompt_ids), max_new_tokens) for cache in caches]
+
+
+def continue_greedy(model, cache, token, prompt_len: int, max_new_tokens: int) -> dict:
+    """The answer from the prefill's argmax `token` on, and what the compressed cache held after the prefill."""
+    import torch
+
+    kept = [layer.keys.shape[-2] for layer in cache.layers]
+    stored = sum(layer.keys.numel() * layer.keys.element_size()
+                 + layer.values.numel() * layer.values.element_size() for layer in cache.layers)
+    answer = [int(token)]
+    for step in range(max_new_tokens - 1):
+        position = torch.tensor([[prompt_len + step]])
+        out = model(input_ids=token.view(1, 1), past_key_values=cache, position_ids=position, use_cache=True)
         token = out.logits[0, -1].argmax()
-        answer = [int(token)]
-        for step in range(max_new_tokens - 1):
-            position = torch.tensor([[len(prompt_ids) + step]])
-            out = model(input_ids=token.view(1, 1), past_key_values=cache, position_ids=position,
-                        use_cache=True)
-            token = out.logits[0, -1].argmax()
-            answer.append(int(token))
+        answer.append(int(token))
     return {"ids": answer, "kept": kept, "stored_bytes": int(stored)}
 
 
@@ -113,16 +164,26 @@ def main(argv: list[str]) -> None:
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
                                                  attn_implementation="eager" if needs_weights else "sdpa").eval()
     out_path = Path(opts["out"])
-    # A rerun continues: answers already written are kept, only missing (press, item) pairs run.
+    # A rerun continues: answers already written are kept, only missing (press, item) pairs run,
+    # and the file is rewritten after every item.
     done = json.loads(out_path.read_text())["answers"] if out_path.exists() else {}
-    for p in spec["presses"]:
-        press, answers = make_press(p), done.setdefault(p["label"], {})
-        for item in spec["items"]:
-            if item["id"] not in answers:
-                answers[item["id"]] = answer_one(model, press, item["prompt_ids"], spec["max_new_tokens"])
-        write_json_atomic(out_path, {"versions": {k: version(k) for k in ("kvpress", "transformers", "torch")},
-                                     "answers": done})
-        print(f"{p['label']}: {len(answers)} items", flush=True)
+    presses = {p["label"]: make_press(p) for p in spec["presses"]}
+    if opts.get("shared", "true") not in ("true", "false"):
+        fail(f"shared must be true or false, got {opts['shared']!r}")
+    shared = opts.get("shared", "true") == "true"
+    versions = {k: version(k) for k in ("kvpress", "transformers", "torch")}
+    for item in spec["items"]:
+        todo = [label for label in presses if item["id"] not in done.get(label, {})]
+        together = [label for label in todo if shared and shares_prefill(presses[label])]
+        found = dict(zip(together, answer_shared(model, [presses[label] for label in together], item["prompt_ids"],
+                                                 spec["max_new_tokens"]))) if together else {}
+        for label in todo:
+            if label not in found:
+                found[label] = answer_one(model, presses[label], item["prompt_ids"], spec["max_new_tokens"])
+            done.setdefault(label, {})[item["id"]] = found[label]
+        if todo:
+            write_json_atomic(out_path, {"versions": versions, "answers": done})
+            print(f"{item['id']}: {len(todo)} presses ({len(together)} from one prefill)", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,13 @@ from anchormass.cache.kv_policies import POLICIES as KV_POLICIES
 from anchormass.errors import ConfigError
 from anchormass.eval.items import passkey_setup, ppl_items, score_answer
 from anchormass.eval.report import KIB, fmt_p, markdown, mcnemar_exact, plt, save_figure, wilson_interval
-from anchormass.eval.scoring import matched_budget, progress, session_decode, standard_bytes_per_token
+from anchormass.eval.scoring import (
+    matched_budget,
+    progress,
+    session_decode,
+    shared_session_decode,
+    standard_bytes_per_token,
+)
 from anchormass.eval.suite import EvalContext, Suite
 from anchormass.eval.suites.kv_frontier import peer, perplexity
 from anchormass.eval.suites.kv_frontier.variants import (
@@ -196,25 +202,49 @@ class KvFrontierSuite(Suite):
 
     def _ours(self, model, length: int, policy=None, budget=None, oracle: bool = False) -> dict:
         """Greedy answers of every trial of `length` through `model`'s cache: outcomes and bytes."""
+        def decode(ids, batch, prompts):
+            forced = (torch.tensor([self._key_digits(t, p) for t, p in zip(batch, prompts)], device=ids.device)
+                      if oracle else None)
+            return [session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
+                                   vocab_limit=self.hay.tok.vocab_size, forced=forced)]
+
+        return self._answer_trials(model, length, decode)[0]
+
+    def _standard_methods(self, length: int, settings: list[tuple]) -> list[dict]:
+        """`_ours` of the Standard for each (policy, budget) of `settings` (None: the full cache). A prompt
+        prefilled in one forward is shared by them all (cache/shared_prefill.py: the same answers and
+        bytes as one session each), so the methods at equal bytes cost one long forward per trial."""
+        std, vocab = self.model.model, self.hay.tok.vocab_size
+
+        def decode(ids, batch, prompts):
+            if self.chunk >= length:
+                return shared_session_decode(std, ids, self.new_tokens, self.chunk, settings, vocab_limit=vocab)
+            return [session_decode(std, ids, self.new_tokens, self.chunk, policy, budget, vocab_limit=vocab)
+                    for policy, budget in settings]
+
+        return self._answer_trials(std, length, decode)
+
+    def _answer_trials(self, model, length: int, decode) -> list[dict]:
+        """Every trial of `length` in batches; decode(ids, trials, prompts) -> [(answers, KVBytes)] per
+        method. Per method: outcomes, mean stored bytes per sequence, measured tokens per slot."""
         tok, trials = self.hay.tok, self.trials[length]
-        outcomes, stored, ratios = [], [], []
         device = next(model.parameters()).device
         per_batch = max(1, min(self.batch_size, self.batch_tokens // length))  # bounds a whole-prompt prefill
+        found: list[dict] = []
         for s in range(0, len(trials), per_batch):
             batch = trials[s:s + per_batch]
             prompts = [self.hay.build(t) for t in batch]
             ids = torch.tensor(prompts, dtype=torch.long, device=device)
-            forced = (torch.tensor([self._key_digits(t, p) for t, p in zip(batch, prompts)], device=device)
-                      if oracle else None)
-            new, kv = session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
-                                     vocab_limit=tok.vocab_size, forced=forced)
-            for t, row in zip(batch, new.tolist()):
-                outcomes.append({"ids": row, **score_answer(tok.decode(row), t.key)})
-            stored.append(kv.stored_end / len(batch))
-            if kv.tokens_per_slot is not None:
-                ratios.append(kv.tokens_per_slot)
-        return {"outcomes": outcomes, "stored": float(np.mean(stored)),
-                "tokens_per_slot": float(np.mean(ratios)) if ratios else None}
+            for i, (new, kv) in enumerate(decode(ids, batch, prompts)):
+                if i == len(found):
+                    found.append({"outcomes": [], "stored": [], "ratios": []})
+                for t, row in zip(batch, new.tolist()):
+                    found[i]["outcomes"].append({"ids": row, **score_answer(tok.decode(row), t.key)})
+                found[i]["stored"].append(kv.stored_end / len(batch))
+                if kv.tokens_per_slot is not None:
+                    found[i]["ratios"].append(kv.tokens_per_slot)
+        return [{"outcomes": f["outcomes"], "stored": float(np.mean(f["stored"])),
+                 "tokens_per_slot": float(np.mean(f["ratios"])) if f["ratios"] else None} for f in found]
 
     def _row(self, length: int, method: str, level: str, res: dict, **extra) -> dict:
         exact = [bool(o["exact"]) for o in res["outcomes"]]
@@ -248,11 +278,8 @@ class KvFrontierSuite(Suite):
                               f"rows of these settings")
         scores = torch.tensor(probe["scores"])
         rows: list[dict] = []
-        cells = [(L, v) for L in self.lengths for v in [None, *self.variants]]
+        cells = [(L, v) for L in self.lengths for v in self.variants]
         for L, variant in progress(cells, ctx.progress, "kv frontier"):
-            if variant is None:
-                rows.append(once(f"{L}/{FULL}", lambda: self._row(L, FULL, "full", self._ours(std, L))))
-                continue
             groups = chosen_groups(scores, variant.share, variant.selection)
 
             def run_variant():
@@ -276,25 +303,35 @@ class KvFrontierSuite(Suite):
             if (not v.oracle) if self.baseline_levels is None else v.label in self.baseline_levels:
                 levels.setdefault((r["length"], v.bytes_key), r)
         press_specs, press_rows = [], []
-        for (L, _), ref in progress(list(levels.items()), ctx.progress, "kv frontier baselines"):
-            target = ref["stored"] / per_token  # tokens per KV head that cost the same bytes
-            for name, policy in self.kv_policies.items():
-                budget, note = matched_budget(policy, target, fed)
-                rows.append(once(f"{L}/{ref['level']}/{name}", lambda: self._row(
-                    L, f"ours/{name}", ref["level"], self._ours(std, L, policy, budget), budget=budget, note=note)))
-            kept = max(1, round(target) - fed)  # kvpress keeps int(L * (1 - ratio)) prompt tokens
-            for press in self.presses:
-                label = f"{L}/{ref['level']}/kvpress/{press['press']}"
-                if label in done:
-                    rows.append(done[label])
-                    continue
-                if self.only_finished:
-                    missing.append(label)
-                    continue
-                spec = {"label": label, "press": press["press"],
-                        "kwargs": {**press.get("kwargs", {}), "compression_ratio": (L - kept - 0.5) / L}}
-                press_specs.append(spec)
-                press_rows.append((label, L, ref["level"], kept))
+        for L in progress(self.lengths, ctx.progress, "kv frontier full cache and baselines"):
+            # (journal key, method, level, policy, budget, note): the Standard's own methods at this length
+            jobs = [(f"{L}/{FULL}", FULL, "full", None, None, None)]
+            for ref in (ref for (at, _), ref in levels.items() if at == L):
+                target = ref["stored"] / per_token  # tokens per KV head that cost the same bytes
+                for name, policy in self.kv_policies.items():
+                    budget, note = matched_budget(policy, target, fed)
+                    jobs.append((f"{L}/{ref['level']}/{name}", f"ours/{name}", ref["level"], policy, budget, note))
+                kept = max(1, round(target) - fed)  # kvpress keeps int(L * (1 - ratio)) prompt tokens
+                for press in self.presses:
+                    label = f"{L}/{ref['level']}/kvpress/{press['press']}"
+                    if label in done:
+                        rows.append(done[label])
+                    elif self.only_finished:
+                        missing.append(label)
+                    else:
+                        press_specs.append({"label": label, "press": press["press"], "kwargs": {
+                            **press.get("kwargs", {}), "compression_ratio": (L - kept - 0.5) / L}})
+                        press_rows.append((label, L, ref["level"], kept))
+            todo = [job for job in jobs if job[0] not in done]
+            if self.only_finished:
+                missing += [job[0] for job in todo]
+            elif todo:
+                for (key, method, level, _, budget, note), res in zip(
+                        todo, self._standard_methods(L, [(policy, budget) for _, _, _, policy, budget, _ in todo])):
+                    extra = {} if method == FULL else {"budget": budget, "note": note}
+                    done[key] = self._row(L, method, level, res, **extra)
+                    self._append(key, done[key])
+            rows += [done[job[0]] for job in jobs if job[0] in done]
         if press_specs and self.kvpress_python is not None:
             rows += self._kvpress(ctx, press_specs, press_rows, per_token, done)
         rows = [r for r in rows if r is not None]
@@ -353,7 +390,7 @@ class KvFrontierSuite(Suite):
             at = [w for w in wanted if w[1] == L]
             labels = {label for label, *_ in at}
             answers = peer.answer(self.kvpress_python, folder, [s for s in specs if s["label"] in labels], items,
-                                  self.new_tokens, self.work)
+                                  self.new_tokens, self.work, tag=f"L{L}")
             for label, _, level, kept in at:
                 got = [answers[label][item["id"]] for item in items]
                 outcomes = [{"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)}

@@ -4,7 +4,8 @@ kvpress pins an older `transformers` than this project, so it runs as a separate
 (`make kvpress-env` -> .venv-kvpress) on a Llama folder exported from the very checkpoint under
 evaluation, answering the suite's prompts given as token ids (scripts/peers/kvpress_generate.py).
 Scoring stays here, with the suite's own scorer, so every method is scored the same way. The
-answers file is kept beside the suite's other partial results: a rerun answers only what is missing.
+answers file (one per length) is kept beside the suite's other partial results and rewritten after
+every item: a rerun answers only what is missing.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ def export_folder(model, special_ids: dict[str, int], work: Path) -> Path:
 
 
 def answer(python: Path, folder: Path, presses: list[dict], items: list[dict], new_tokens: int, work: Path,
-           threads: int = 1) -> dict:
-    """{label: {item id: {"ids", "kept", "stored_bytes"}}} for every press spec and item."""
-    spec = work / "kvpress_items.json"
-    out = work / "kvpress_answers.json"
+           tag: str, threads: int = 1) -> dict:
+    """{label: {item id: {"ids", "kept", "stored_bytes"}}} for every press spec and item. `tag` names
+    this call's files (one per prompt length), so runs at different lengths can share a work folder."""
+    spec = work / f"kvpress_items_{tag}.json"
+    out = work / f"kvpress_answers_{tag}.json"
     atomic_write_json(spec, {"model": str(folder), "max_new_tokens": int(new_tokens), "presses": presses,
                              "items": items})
     done = subprocess.run([str(python), str(runner_path()), f"items={spec}", f"out={out}", f"threads={threads}"],
