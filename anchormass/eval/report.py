@@ -176,8 +176,9 @@ def scalar_stats(values: list[float]) -> dict:
 
 # Figures.
 
-def save_figure(fig, path: Path) -> str:
-    fig.tight_layout()
+def save_figure(fig, path: Path, rect: tuple | None = None) -> str:
+    """Lay out (within `rect` of the figure, leaving the rest to e.g. a legend beside the axes) and save."""
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name

@@ -484,7 +484,9 @@ def frontier_plot(rows: list[dict], path: Path) -> str:
     """Passkey exact (y) against stored KiB (x, log), one panel per length; AnchorMass cells as
     circles labelled by their tokens per slot, baselines as lines across levels, the full cache a star."""
     lengths = sorted({r["length"] for r in rows})
-    fig, axes = plt.subplots(1, len(lengths), figsize=(max(9.0, 4.6 * len(lengths) + 3), 4.2), squeeze=False)
+    width = max(9.0, 4.6 * len(lengths) + 3)
+    right = 1 - 2.8 / width  # the panels' share of the figure; the legend takes the last 2.8 inches
+    fig, axes = plt.subplots(1, len(lengths), figsize=(width, 4.2), squeeze=False)
     families = sorted({r["method"] for r in rows
                        if not r["method"].startswith(("am/", "trained/")) and r["method"] != FULL})
     colour = {m: f"C{i % 10}" for i, m in enumerate(families)}
@@ -514,6 +516,5 @@ def frontier_plot(rows: list[dict], path: Path) -> str:
         ax.set_xlabel("stored KV per sequence (KiB, log)")
     axes[0][0].set_ylabel("passkey exact match")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.74, 0.5), fontsize=7)
-    fig.tight_layout(rect=(0, 0, 0.73, 1))
-    return save_figure(fig, path)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.005, 0.5), fontsize=7)
+    return save_figure(fig, path, rect=(0, 0, right, 1))  # the legend beside the panels, not over a point
