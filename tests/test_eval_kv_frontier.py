@@ -249,3 +249,20 @@ def test_the_standards_methods_share_a_whole_prompt_prefill_and_score_as_one_ses
     monkeypatch.setattr(suite, "shared_session_decode", lambda model, ids, n, chunk, settings, vocab_limit: [
         session_decode(model, ids, n, chunk, policy, budget, vocab_limit=vocab_limit) for policy, budget in settings])
     assert rows_of("alone") == shared
+
+
+def test_the_method_by_length_table_shows_each_lengths_recall_bytes_and_measured_ratio():
+    from anchormass.eval.suites.kv_frontier import _stats, by_length
+
+    def row(L, method, level, k, stored, ratio=None):
+        exact = [True] * k + [False] * (15 - k)
+        return {"length": L, "method": method, "level": level, "k": k, "n": 15, "exact": exact, "stored": stored,
+                "tokens_per_slot": ratio}
+
+    rows = _stats([row(1024, "standard/full", "full", 15, 1024 * 1024), row(2048, "standard/full", "full", 14, 2 << 20),
+                   row(1024, "am/r2/g8", "am/r2/g8", 0, 1 << 18, 4.0)])
+    table = by_length(rows, [1024, 2048]).splitlines()
+    full = next(line for line in table if "standard/full" in line)
+    assert "15/15 [80, 100] · 1,024 KiB" in full and "14/15 [70, 99] · 2,048 KiB" in full
+    cell = next(line for line in table if "am/r2/g8" in line)
+    assert "0/15 [0, 20] · 256 KiB, 4.00:1" in cell and cell.rstrip(" |").endswith("-")  # not run at 2,048

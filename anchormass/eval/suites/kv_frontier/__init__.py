@@ -442,6 +442,20 @@ def agreement(rows: list[dict], pairs: dict[str, str]) -> list[list]:
     return table
 
 
+def by_length(rows: list[dict], lengths: list[int]) -> str:
+    """One line per method and level, one column per length: exact [Wilson 95%], stored KiB and, for
+    an AnchorMass cell, its measured tokens per global slot (its real ratio, not its group size)."""
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        ratio = "" if r.get("tokens_per_slot") is None else f", {r['tokens_per_slot']:.2f}:1"
+        cells.setdefault((r["level"] != "full", r["level"], r["method"]), {})[r["length"]] = (
+            f"{r['k']}/{r['n']} [{100 * r['ci'][0]:.0f}, {100 * r['ci'][1]:.0f}] · {r['stored'] / KIB:,.0f} KiB{ratio}")
+    body = [[level, method, *(got.get(L, "-") for L in lengths)]
+            for (_, level, method), got in sorted(cells.items())]
+    return "### Method by length\n\n" + markdown(
+        ["level", "method", *(f"{L:,} tokens: exact [95% CI] · stored" for L in lengths)], body)
+
+
 def report_markdown(result: dict) -> str:
     s = result["settings"]
     rows = _stats(result["rows"])
@@ -460,6 +474,8 @@ def report_markdown(result: dict) -> str:
         text.append(f"### {L:,} tokens\n\n" + markdown(
             ["level", "method", "stored KiB / seq", "tokens per global slot", "passkey exact [95% CI]",
              "digits (of 4)", "McNemar p vs full", "prompt tokens kept / KV head"], body))
+    if len(s["lengths"]) > 1:
+        text.append(by_length(rows, s["lengths"]))
     if s.get("not_run_yet"):
         text.append(f"Not run yet (the journal holds no row for them; a rerun without only_finished runs them): "
                     f"{', '.join(s['not_run_yet'])}.\n")
