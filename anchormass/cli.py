@@ -32,6 +32,19 @@ def exit_on_error(fn):
     return wrapper
 
 
+def key_value_options(argv: list[str], defaults: dict) -> dict:
+    """A script's key=value options over its `defaults`; any other argument is one error line."""
+    from anchormass.errors import ConfigError
+
+    opts = dict(defaults)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in defaults:
+            raise ConfigError(f"expected key=value with a key in {sorted(defaults)}, got {arg!r}")
+        opts[key] = value
+    return opts
+
+
 def unresolved_text(err: Exception) -> str:
     """One line for a config value OmegaConf could not resolve: the key, and an unset environment
     variable by name."""

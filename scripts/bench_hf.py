@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import exit_on_error, key_value_options
 from anchormass.errors import ConfigError
 
 DEFAULTS = {"ckpt": None, "lengths": "[1K,2K,4K,8K]", "repeats": 2, "decode_tokens": 16, "threads": 1,
@@ -29,12 +29,7 @@ DEFAULTS = {"ckpt": None, "lengths": "[1K,2K,4K,8K]", "repeats": 2, "decode_toke
 
 
 def parse(argv: list[str]) -> dict:
-    opts = dict(DEFAULTS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in DEFAULTS:
-            raise ConfigError(f"expected key=value with a key in {sorted(DEFAULTS)}, got {arg!r}")
-        opts[key] = value
+    opts = key_value_options(argv, DEFAULTS)
     if not opts["ckpt"]:
         raise ConfigError("ckpt=<a Standard checkpoint> is required (e.g. imports/smollm2/model.ckpt)")
     share, _, g = str(opts["anchormass"]).partition("/g")

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from anchormass.cli import exit_on_error
+from anchormass.cli import exit_on_error, key_value_options
 from anchormass.errors import ConfigError
 from anchormass.utils import atomic_write_json, atomic_write_text
 
@@ -38,12 +38,7 @@ RUNS = {"fp32": (0, "32-true"), "bf16": (0, "bf16-mixed"), "fp32_other_order": (
 
 
 def parse(argv: list[str]) -> dict:
-    opts = dict(DEFAULTS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in DEFAULTS:
-            raise ConfigError(f"expected key=value with a key in {sorted(DEFAULTS)}, got {arg!r}")
-        opts[key] = value
+    opts = key_value_options(argv, DEFAULTS)
     for key in ("steps", "threads"):
         if not opts[key].isdigit() or int(opts[key]) < 1:
             raise ConfigError(f"{key} must be a positive whole number, got {opts[key]!r}")
