@@ -3,13 +3,27 @@
 # file that `make setup` installs, the English corpus, kvpress's environment, then each part of the
 # frontier, the perplexity and the speed comparison. Each evaluation journals its finished rows under
 # runs/kv_frontier/, so a stopped run continues where it stopped when this script is run again; the
-# renders (only_finished=true) run nothing and name the rows not run yet.
+# renders (only_finished=true) run nothing and name the rows not run yet. A fresh clone has no journal:
+# each part first takes the rows of the committed reports under docs/results/smollm2/ that were measured
+# under its settings on the same weights (kv_frontier.journal_from), so it measures only what they lack;
+# FRESH=1 measures everything again.
 set -euo pipefail
 OUT=${OUT:-docs/results/smollm2}
 source scripts/smollm2_setup.sh
 make kvpress-env
 
 EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT")
+# the committed reports each journal continues from (none with FRESH=1)
+seed() {
+  local have=()
+  for f in "$@"; do [ -f "docs/results/smollm2/$f/results.json" ] && have+=("docs/results/smollm2/$f/results.json"); done
+  if [ -n "${FRESH:-}" ] || [ ${#have[@]} -eq 0 ]; then return; fi
+  echo "+eval.kv_frontier.journal_from=[$(IFS=,; echo "${have[*]}")]"
+}
+CLASSIC_SEED=$(seed classic classic_long)
+NATURAL_SEED=$(seed natural natural_long)
+EV_CLASSIC=("${EV[@]}" ${CLASSIC_SEED:+"$CLASSIC_SEED"})
+EV_NATURAL=("${EV[@]}" ${NATURAL_SEED:+"$NATURAL_SEED"})
 HAYSTACK=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.filler_path=data/english_docs/val.bin
           eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural)
 NATURAL=("${HAYSTACK[@]}" 'eval.kv_frontier.anchormass.shares=[1,2]'
@@ -25,24 +39,26 @@ LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.sele
       'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
 
 # 1. the classic filler at 1,024 tokens, every cell; then the held-out perplexity (1K-8K)
-"${EV[@]}" out_dir=runs/eval/smollm2_classic overwrite=true
+"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic overwrite=true
 # 2. the classic filler at 2K, 4K and 8K, one length at a time (each length's rows finish before the next starts).
 #    The full cache and the KV policies share one prefill per trial, and so do kvpress's presses
 #    (docs/method.md §6 k); each AnchorMass cell prefills on its own. 16K is not run: one 16K prefill
 #    of the full cache costs several minutes here (docs/results/smollm2/README.md gives the measurement).
 for L in 2048 4096 8192; do
-  "${EV[@]}" out_dir="runs/eval/smollm2_classic_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" "${LONG[@]}"
+  "${EV_CLASSIC[@]}" out_dir="runs/eval/smollm2_classic_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" "${LONG[@]}"
 done
-# 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K
-"${EV[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
-"${EV[@]}" out_dir=runs/eval/smollm2_natural_L2048 overwrite=true 'eval.kv_frontier.lengths=[2048]' \
-  "${HAYSTACK[@]}" "${LONG[@]}"
+# 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K and 4K
+"${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
+for L in 2048 4096; do
+  "${EV_NATURAL[@]}" out_dir="runs/eval/smollm2_natural_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" \
+    "${HAYSTACK[@]}" "${LONG[@]}"
+done
 # 4. the renders
-"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic" overwrite=true
-"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_long" overwrite=true \
+"${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic" overwrite=true
+"${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
-"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
-"${EV[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
-  'eval.kv_frontier.lengths=[1024,2048]' "${HAYSTACK[@]}" "${LONG[@]}"
+"${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
+"${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
+  'eval.kv_frontier.lengths=[1024,2048,4096]' "${HAYSTACK[@]}" "${LONG[@]}"
 # 5. speed on the same weights (run it on a quiet machine: it times)
 "$PY" scripts/bench_hf.py ckpt="$CKPT" out="$OUT/efficiency" train_length=1024

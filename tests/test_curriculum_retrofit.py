@@ -52,6 +52,17 @@ def test_a_stage_starts_from_another_models_stage_across_architectures(tmp_path)
         assert by[(seed, "std", "long")].after is None and "init_across_arch=true" not in by[(seed, "std", "long")].args
 
 
+def test_only_trains_the_named_models_of_a_recipe_as_it_defines_them(tmp_path):
+    """curriculum.only=[names]: a study's later cells run without its earlier ones (whose checkpoints a
+    new machine lacks); an unknown name is refused in one line naming the recipe's models."""
+    sched = {**RETRO, "name": "sched", "stage_overrides": {"retro": ["model.group_size=2"]}}
+    kept = recipe([std(), RETRO, sched], only=["std", "sched"])
+    assert [m.name for m in kept.models] == ["std", "sched"]
+    assert kept.models[1] == recipe([std(), RETRO, sched]).models[2]
+    with pytest.raises(ConfigError, match=r"curriculum.only .*\['g9'\] is not among \['std', 'g8', 'sched'\]"):
+        recipe([std(), RETRO, sched], only=["g9"])
+
+
 def test_a_same_architecture_start_needs_no_flag(tmp_path):
     copy = {**RETRO, "name": "copy", "model": "standard_tiny_h8"}
     (run,) = [r for r in planned_runs(recipe([std(), copy]), tmp_path) if r.model == "copy"]

@@ -247,7 +247,20 @@ def _models(cfg: DictConfig, keys: list[str], seeds: tuple[int, ...] | None) -> 
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise ConfigError(f"curriculum {cfg.name}: model labels must be unique, {', '.join(dup)} repeats")
-    return tuple(specs)
+    return _only(cfg, specs)
+
+
+def _only(cfg: DictConfig, specs: list[ModelSpec]) -> tuple[ModelSpec, ...]:
+    """`curriculum.only=[names]`: the named models of the recipe, as it defines them, in its order."""
+    only = _plain(cfg.get("only"))
+    if only is None:
+        return tuple(specs)
+    names = [only] if isinstance(only, str) else list(only)
+    labels = [s.name for s in specs]
+    if not names or set(names) - set(labels):
+        raise ConfigError(f"curriculum {cfg.name}: curriculum.only names models of the recipe; "
+                          f"{sorted(set(names) - set(labels)) or '[]'} is not among {labels}")
+    return tuple(s for s in specs if s.name in names)
 
 
 def _evaluations(cfg: DictConfig, labels: list[str], stages: list[str]) -> tuple[EvalSpec, ...]:

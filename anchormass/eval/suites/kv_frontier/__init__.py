@@ -15,7 +15,8 @@ greedily through its own cache and is charged the bytes it stores after the last
 Per method and length: exact match with its Wilson interval, digits, exact McNemar against the full
 cache on the same trials, and for a press that is ours under another implementation, the per-item
 agreement of the two. Finished rows are appended to `<work_dir>/rows.jsonl` as they finish, so an
-interrupted run continues where it stopped (a row is reused only under the same settings).
+interrupted run continues where it stopped (a row is reused only under the same settings), and
+`journal_from: [<results.json>, ...]` lets a fresh clone continue from committed reports (journal_seed.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from anchormass.eval.scoring import (
     standard_bytes_per_token,
 )
 from anchormass.eval.suite import EvalContext, Suite
-from anchormass.eval.suites.kv_frontier import peer, perplexity
+from anchormass.eval.suites.kv_frontier import journal_seed, peer, perplexity
 from anchormass.eval.suites.kv_frontier.variants import (
     SELECTIONS,
     Variant,
@@ -51,6 +52,14 @@ from anchormass.models.config import ModelConfig
 from anchormass.utils import resolve_path, sha256_file
 
 FULL = "standard/full"
+
+
+def settings_hash(settings: dict, chunk: int, length: int) -> str:
+    """What a row of `length` depends on. The prefill chunk counts as min(chunk, length): a prompt no
+    longer than the chunk is prefilled whole whatever the chunk, so such rows stay valid when the
+    chunk grows (a chunk >= every length prefills each prompt in one forward, as kvpress does)."""
+    return hashlib.sha256(json.dumps({**settings, "chunk": min(chunk, length)},
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class KvFrontierSuite(Suite):
@@ -111,7 +120,8 @@ class KvFrontierSuite(Suite):
         self._check_ppl(ctx, labels | set(self.trained))
         self.batch_tokens = int(self.opt("batch_tokens", 8192))
         self.probe_length = int(probe.get("length", 1024))
-        self._settings = {"model": self.model.sha256, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
+        self.weights = journal_seed.weights_key(self.model.model)  # the same weights under another file
+        self._settings = {"model": self.weights, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
                           "policy_args": self.opt("policy_args"), "probe": probe}
 
     def _check_trained(self, trained: dict) -> dict[str, dict]:
@@ -156,11 +166,7 @@ class KvFrontierSuite(Suite):
             items.anchors, items.target_len, sha256_file(path))}
 
     def settings_key(self, length: int) -> str:
-        """What a row of `length` depends on. The prefill chunk counts as min(chunk, length): a
-        prompt no longer than the chunk is prefilled whole whatever the chunk, so such rows stay valid
-        when the chunk grows (a chunk >= every length prefills each prompt in one forward, as kvpress does)."""
-        return hashlib.sha256(json.dumps({**self._settings, "chunk": min(self.chunk, length)},
-                                         sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return settings_hash(self._settings, self.chunk, length)
 
     def _key_length(self, key: str) -> int:
         """The prompt length a journal row was measured at: probe, ppl/<anchors>/<length>/..., <length>/..."""
@@ -187,6 +193,25 @@ class KvFrontierSuite(Suite):
                 if entry.get("settings") == self.settings_key(length):
                     rows[key] = entry["row"]
         return rows
+
+    def _seed(self, done: dict, path: Path, scores: torch.Tensor) -> None:
+        """Add to the journal the rows of an earlier report that were measured under these settings
+        (a fresh clone continues from the committed results instead of measuring them again)."""
+        now = None if self.ppl is None else {"key": self.ppl["key"], "data": self.ppl["data"],
+                                             "anchors": self.ppl["items"].anchors,
+                                             "target_len": self.ppl["items"].target_len}
+        settings, chunk, found = journal_seed.report_rows(path, now, self.weights, scores)
+        taken = 0
+        for key, row in found:
+            length = self._key_length(key)
+            if settings_hash(settings, chunk, length) == self.settings_key(length) and key not in done:
+                done[key] = row
+                self._append(key, row)
+                taken += 1
+        rows = [key for key, _ in found if key != "probe"]  # the probe was measured here before seeding
+        if rows and not taken and not any(key in done for key in rows):
+            raise ConfigError(f"kv_frontier.journal_from: {path} was measured under other settings (model, "
+                              f"passkey, new_tokens, policy_args, probe or chunk); none of its rows apply here")
 
     def _append(self, key: str, row: dict) -> None:
         with open(self.work / "rows.jsonl", "a") as f:
@@ -270,13 +295,20 @@ class KvFrontierSuite(Suite):
                 self._append(key, done[key])
             return done[key]
 
-        probe = once("probe", lambda: {"scores": retrieval_scores(
-            std, [self.probe_hay.build(t) for t in self.probe_trials],
-            [self.probe_hay.needle_span(t) for t in self.probe_trials]).tolist()})
+        def measure_probe():
+            return {"scores": retrieval_scores(std, [self.probe_hay.build(t) for t in self.probe_trials],
+                                               [self.probe_hay.needle_span(t) for t in self.probe_trials]).tolist()}
+
+        if self.opt("journal_from") and "probe" not in done:  # seeding compares it, only_finished or not
+            done["probe"] = measure_probe()
+            self._append("probe", done["probe"])
+        probe = once("probe", measure_probe)
         if probe is None:
             raise ConfigError(f"kv_frontier: only_finished=true, but {self.work / 'rows.jsonl'} holds no finished "
                               f"rows of these settings")
         scores = torch.tensor(probe["scores"])
+        for path in self.opt("journal_from") or []:
+            self._seed(done, resolve_path(str(path)), scores)
         rows: list[dict] = []
         cells = [(L, v) for L in self.lengths for v in self.variants]
         for L, variant in progress(cells, ctx.progress, "kv frontier"):
@@ -291,7 +323,8 @@ class KvFrontierSuite(Suite):
         for L in self.lengths:
             for label, info in self.trained.items():
                 rows.append(once(f"{L}/{label}/{info['sha256'][:12]}",
-                                 lambda: self._row(L, label, label, self._ours(self._load_trained(label), L))))
+                                 lambda: self._row(L, label, label, self._ours(self._load_trained(label), L),
+                                                   checkpoint=info["sha256"][:12])))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
@@ -339,7 +372,8 @@ class KvFrontierSuite(Suite):
         summary = {f"L{r['length']}/{r['level']}/{r['method']}": r["k"] / r["n"] for r in rows if r["n"]}
         return {"settings": {"lengths": self.lengths, "new_tokens": self.new_tokens, "passkey_trials":
                              len(self.trials[self.lengths[0]]), "standard_bytes_per_token": per_token,
-                             "model": self.model.label, "sha256": self.model.sha256, "pairs": self.pairs,
+                             "model": self.model.label, "sha256": self.model.sha256, "weights": self.weights,
+                             "pairs": self.pairs,
                              "retrieval_scores": scores.tolist(), "chunk": self.chunk,
                              "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5",
                              "not_run_yet": missing},
@@ -379,7 +413,8 @@ class KvFrontierSuite(Suite):
         if FULL not in nll:
             return None
         return {"contexts": items.contexts, "target_len": items.target_len, "anchors": items.anchors,
-                "data": self.ppl["data"], "nll": nll}
+                "data": self.ppl["data"], "key": self.ppl["key"], "nll": nll,
+                "checkpoints": {m: self.trained[m]["sha256"][:12] for m in nll if m in self.trained}}
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
         """Each press spec answers only its own length's trials (one runner call per length)."""
@@ -409,6 +444,8 @@ class KvFrontierSuite(Suite):
         return report_markdown(result)
 
     def plots(self, result: dict, out_dir: Path) -> list[str]:
+        if not result["rows"]:  # only_finished before any row finished: the report names them all
+            return []
         return [frontier_plot(result["rows"], Path(out_dir) / "kv_frontier.png")]
 
 
