@@ -29,7 +29,7 @@ HAYSTACK=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.fille
 NATURAL=("${HAYSTACK[@]}" 'eval.kv_frontier.anchormass.shares=[1,2]'
          'eval.kv_frontier.anchormass.selections=[retrieval,index]' 'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]'
          'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
-         'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8]' eval.kv_frontier.ppl=null)
+         'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8,am/retrieval1/g8]' eval.kv_frontier.ppl=null)
 
 # Beyond 1,024 tokens, the cells that recall anything at 1,024 and their matched baselines: two
 # retrieval-chosen global groups at every G, g8 without outliers, every press at the g4 and g8 bytes.

@@ -7,7 +7,8 @@
 #      docs/results/smollm2/classic/results.json, so the cells train with the groups that were scored);
 #   2. the cells (a rerun skips finished stages and resumes a stopped one);
 #   3. the scores: the frontier's classic journal (its full-cache and press rows are reused; only the
-#      cells' rows are new), rendered into docs/results/smollm2/retrofit/.
+#      cells' rows are new), rendered into docs/results/smollm2/retrofit/. A fresh clone's journal first
+#      takes the committed classic reports' rows (kv_frontier.journal_from; FRESH=1 measures them again).
 set -euo pipefail
 OUT=${OUT:-docs/results/smollm2/retrofit}
 LENGTHS=${LENGTHS:-[1024,2048,4096,8192]}
@@ -26,7 +27,11 @@ fi
 
 mapfile -t CELLS < <("$PY" scripts/retrofit_cells.py curriculum=retrofit_smollm2)
 [ ${#CELLS[@]} -gt 0 ] || { echo "error: no finished retrofit cell to score" >&2; exit 2; }
-EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT" "eval.kv_frontier.lengths=$LENGTHS"
+SEED=()
+if [ -z "${FRESH:-}" ]; then
+  SEED=("+eval.kv_frontier.journal_from=[docs/results/smollm2/classic/results.json,docs/results/smollm2/classic_long/results.json]")
+fi
+EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT" "eval.kv_frontier.lengths=$LENGTHS" "${SEED[@]}"
     'eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.selections=[retrieval]'
     'eval.kv_frontier.anchormass.group_sizes=[1,2,4,8]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
     'eval.kv_frontier.anchormass.oracle_group_sizes=[]'
