@@ -47,9 +47,9 @@ LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.sele
 for L in 2048 4096 8192; do
   "${EV_CLASSIC[@]}" out_dir="runs/eval/smollm2_classic_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" "${LONG[@]}"
 done
-# 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K and 4K
+# 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K, 4K and 8K
 "${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
-for L in 2048 4096; do
+for L in 2048 4096 8192; do
   "${EV_NATURAL[@]}" out_dir="runs/eval/smollm2_natural_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" \
     "${HAYSTACK[@]}" "${LONG[@]}"
 done
@@ -59,6 +59,6 @@ done
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
-  'eval.kv_frontier.lengths=[1024,2048,4096]' "${HAYSTACK[@]}" "${LONG[@]}"
+  'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${HAYSTACK[@]}" "${LONG[@]}"
 # 5. speed on the same weights (run it on a quiet machine: it times)
 "$PY" scripts/bench_hf.py ckpt="$CKPT" out="$OUT/efficiency" train_length=1024
