@@ -5,7 +5,8 @@
 
 Options (configs/run_curriculum.yaml): curriculum=<name>, runs_root=<dir>, evaluate=false,
 verbose=0|1|2, curriculum.models=[a,b], curriculum.only=[a] (some of the recipe's own named models),
-curriculum.parallel=<n>, curriculum.seeds=[0,1,2]. Every other override is a train.py override and goes to each stage. Rerunning the same command resumes.
+curriculum.parallel=<n>, curriculum.seeds=[0,1,2]. Every other override is a train.py override and
+goes to each stage. Rerunning the same command resumes.
 Ctrl-C / SIGTERM / SIGUSR1: the running stages save at their next optimizer step, nothing else
 starts, exit 75 (resumable). A second runner of the same curriculum is refused (exit 2).
 With seeds, each comparison runs once per seed and is then aggregated over the seeds.
