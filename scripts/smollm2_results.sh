@@ -20,7 +20,7 @@ seed() {
   if [ -n "${FRESH:-}" ] || [ ${#have[@]} -eq 0 ]; then return; fi
   echo "+eval.kv_frontier.journal_from=[$(IFS=,; echo "${have[*]}")]"
 }
-CLASSIC_SEED=$(seed classic classic_long)
+CLASSIC_SEED=$(seed classic classic_long classic_16k)
 NATURAL_SEED=$(seed natural natural_long)
 EV_CLASSIC=("${EV[@]}" ${CLASSIC_SEED:+"$CLASSIC_SEED"})
 EV_NATURAL=("${EV[@]}" ${NATURAL_SEED:+"$NATURAL_SEED"})
@@ -42,11 +42,18 @@ LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.sele
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic overwrite=true
 # 2. the classic filler at 2K, 4K and 8K, one length at a time (each length's rows finish before the next starts).
 #    The full cache and the KV policies share one prefill per trial, and so do kvpress's presses
-#    (docs/method.md §6 k); each AnchorMass cell prefills on its own. 16K is not run: one 16K prefill
-#    of the full cache costs several minutes here (docs/results/smollm2/README.md gives the measurement).
+#    (docs/method.md §6 k); each AnchorMass cell prefills on its own.
 for L in 2048 4096 8192; do
   "${EV_CLASSIC[@]}" out_dir="runs/eval/smollm2_classic_L$L" overwrite=true "eval.kv_frontier.lengths=[$L]" "${LONG[@]}"
 done
+# 2b. beyond the trained length (8,192): the classic filler at 16K, with the project's NTK scaling (its
+#     default there). kvpress is left out at 16K: transformers' Llama has no NTK scaling of ours, so its
+#     presses would run another model there. The full cache alone first (the control), then the rest.
+"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384_full overwrite=true 'eval.kv_frontier.lengths=[16384]' \
+  "${LONG[@]}" 'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
+  'eval.kv_frontier.baseline_levels=[]'
+"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384 overwrite=true 'eval.kv_frontier.lengths=[16384]' \
+  "${LONG[@]}" eval.kv_frontier.kvpress.python=null
 # 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K, 4K and 8K
 "${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
 for L in 2048 4096 8192; do
@@ -57,6 +64,8 @@ done
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic" overwrite=true
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
+"${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k" overwrite=true \
+  'eval.kv_frontier.lengths=[16384]' "${LONG[@]}" eval.kv_frontier.kvpress.python=null
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${HAYSTACK[@]}" "${LONG[@]}"
