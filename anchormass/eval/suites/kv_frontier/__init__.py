@@ -414,7 +414,7 @@ class KvFrontierSuite(Suite):
             return None
         return {"contexts": items.contexts, "target_len": items.target_len, "anchors": items.anchors,
                 "data": self.ppl["data"], "key": self.ppl["key"], "nll": nll,
-                "checkpoints": {m: self.trained[m]["sha256"][:12] for m in nll if m in self.trained}}
+                "trained_sha256": {m: self.trained[m]["sha256"][:12] for m in nll if m in self.trained}}
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
         """Each press spec answers only its own length's trials (one runner call per length)."""

@@ -67,7 +67,7 @@ def _ppl_rows(ppl: dict, now: dict | None) -> list[tuple[str, dict]]:
         if not same:
             return []
         key = now["key"]
-    own = ppl.get("checkpoints", {})
+    own = ppl.get("trained_sha256", {})  # a trained cell's checkpoint, by its short checksum
     out = []
     for method, by_context in ppl["nll"].items():
         if method.startswith("trained/") and method not in own:
