@@ -319,10 +319,10 @@ class KvFrontierSuite(Suite):
                 return self._row(L, variant.label, variant.label, self._ours(model, L, oracle=variant.oracle),
                                  groups=groups)
 
-            rows.append(once(f"{L}/{variant.label}", run_variant))
+            rows.append(once(journal_seed.row_key(L, variant.label, variant.label), run_variant))
         for L in self.lengths:
             for label, info in self.trained.items():
-                rows.append(once(f"{L}/{label}/{info['sha256'][:12]}",
+                rows.append(once(journal_seed.row_key(L, label, label, info["sha256"][:12]),
                                  lambda: self._row(L, label, label, self._ours(self._load_trained(label), L),
                                                    checkpoint=info["sha256"][:12])))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
@@ -338,15 +338,17 @@ class KvFrontierSuite(Suite):
         press_specs, press_rows = [], []
         for L in progress(self.lengths, ctx.progress, "kv frontier full cache and baselines"):
             # (journal key, method, level, policy, budget, note): the Standard's own methods at this length
-            jobs = [(f"{L}/{FULL}", FULL, "full", None, None, None)]
+            jobs = [(journal_seed.row_key(L, FULL, "full"), FULL, "full", None, None, None)]
             for ref in (ref for (at, _), ref in levels.items() if at == L):
                 target = ref["stored"] / per_token  # tokens per KV head that cost the same bytes
                 for name, policy in self.kv_policies.items():
                     budget, note = matched_budget(policy, target, fed)
-                    jobs.append((f"{L}/{ref['level']}/{name}", f"ours/{name}", ref["level"], policy, budget, note))
+                    method = f"ours/{name}"
+                    jobs.append((journal_seed.row_key(L, method, ref["level"]), method, ref["level"], policy, budget,
+                                 note))
                 kept = max(1, round(target) - fed)  # kvpress keeps int(L * (1 - ratio)) prompt tokens
                 for press in self.presses:
-                    label = f"{L}/{ref['level']}/kvpress/{press['press']}"
+                    label = journal_seed.row_key(L, f"kvpress/{press['press']}", ref["level"])
                     if label in done:
                         rows.append(done[label])
                     elif self.only_finished:
@@ -406,8 +408,8 @@ class KvFrontierSuite(Suite):
                                                                                variant.selection))
                 return {"nll": perplexity.mean_nll(models[method], items.tokens, items.anchors, c, items.target_len)}
 
-            own = f"/{self.trained[method]['sha256'][:12]}" if method in self.trained else ""
-            row = once(f"ppl/{self.ppl['key']}/{c + items.target_len}/{method}{own}", score)
+            own = self.trained[method]["sha256"][:12] if method in self.trained else None
+            row = once(journal_seed.ppl_key(self.ppl["key"], c + items.target_len, method, own), score)
             if row is not None:
                 nll.setdefault(method, {})[str(c)] = row["nll"]
         if FULL not in nll:

@@ -42,20 +42,32 @@ def same_probe(report_scores: list, scores: torch.Tensor) -> bool:
     return theirs.shape == scores.shape and bool((theirs - scores).abs().max() <= PROBE_TOLERANCE)
 
 
-def _row_key(row: dict) -> str | None:
-    """The journal key of a passkey row (None: a trained cell's row from before rows named their checkpoint)."""
+def row_key(length: int, method: str, level: str, checkpoint: str | None = None) -> str:
+    """The journal key of a passkey row; the suite keys its rows here and so does a report's seeding.
+    A trained cell is keyed by its checkpoint's short checksum (a retrained cell is scored again)."""
     from anchormass.eval.suites.kv_frontier import FULL  # the package imports this module first
 
-    L, method, level = row["length"], row["method"], row["level"]
     if method == FULL:
-        return f"{L}/{FULL}"
+        return f"{length}/{FULL}"
     if method.startswith("kvpress/"):
-        return f"{L}/{level}/{method}"
+        return f"{length}/{level}/{method}"
     if method.startswith("ours/"):
-        return f"{L}/{level}/{method.removeprefix('ours/')}"
+        return f"{length}/{level}/{method.removeprefix('ours/')}"
     if method.startswith("trained/"):
-        return f"{L}/{method}/{row['checkpoint']}" if row.get("checkpoint") else None
-    return f"{L}/{method}"  # an AnchorMass cell made from the weights: its label is its level
+        return f"{length}/{method}/{checkpoint}"
+    return f"{length}/{method}"  # an AnchorMass cell made from the weights: its label is its level
+
+
+def ppl_key(anchors_key: str, length: int, method: str, checkpoint: str | None = None) -> str:
+    """The journal key of one method's perplexity at one length (prior context + target)."""
+    return f"ppl/{anchors_key}/{length}/{method}" + (f"/{checkpoint}" if checkpoint else "")
+
+
+def _row_key(row: dict) -> str | None:
+    """A report row's journal key (None: a trained cell's row from before rows named their checkpoint)."""
+    if row["method"].startswith("trained/") and not row.get("checkpoint"):
+        return None
+    return row_key(row["length"], row["method"], row["level"], row.get("checkpoint"))
 
 
 def _ppl_rows(ppl: dict, now: dict | None) -> list[tuple[str, dict]]:
@@ -72,9 +84,8 @@ def _ppl_rows(ppl: dict, now: dict | None) -> list[tuple[str, dict]]:
     for method, by_context in ppl["nll"].items():
         if method.startswith("trained/") and method not in own:
             continue  # no checkpoint checksum to key it by
-        suffix = f"/{own[method]}" if method in own else ""
         for context, nll in by_context.items():
-            out.append((f"ppl/{key}/{int(context) + ppl['target_len']}/{method}{suffix}", {"nll": nll}))
+            out.append((ppl_key(key, int(context) + ppl["target_len"], method, own.get(method)), {"nll": nll}))
     return out
 
 
