@@ -17,6 +17,8 @@ cache on the same trials, and for a press that is ours under another implementat
 agreement of the two. Finished rows are appended to `<work_dir>/rows.jsonl` as they finish, so an
 interrupted run continues where it stopped (a row is reused only under the same settings), and
 `journal_from: [<results.json>, ...]` lets a fresh clone continue from committed reports (journal_seed.py).
+Past the trained length `rope_scaling: ntk` (the default) runs every method with the project's NTK
+scaling; `none` runs plain RoPE, the model `transformers`' Llama is there, which kvpress needs.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ from anchormass.models.config import ModelConfig
 from anchormass.utils import resolve_path, sha256_file
 
 FULL = "standard/full"
+# Past the trained length (original_max_len): "ntk" stretches RoPE's base as every session of this
+# project does (docs/method.md §1); "none" keeps plain RoPE, the model `transformers`' Llama runs there.
+ROPE_SCALING = ("ntk", "none")
+
+
+def without_rope_scaling(model, length: int):
+    """`model` with plain RoPE up to `length`: its original_max_len raised so no NTK base applies."""
+    model.cfg = model.cfg.replace(original_max_len=max(length, model.cfg.original_max_len))
+    return model
 
 
 def settings_hash(settings: dict, chunk: int, length: int) -> str:
@@ -109,11 +120,22 @@ class KvFrontierSuite(Suite):
         probe = dict(self.opt("probe") or {})
         self.probe_hay, self.probe_trials, _ = passkey_setup(
             f"{self.name}.probe", {**dict(self.opt("passkey") or {}), **probe}, ctx, [int(probe.get("length", 1024))])
+        self.rope_scaling = str(self.opt("rope_scaling", "ntk"))
+        if self.rope_scaling not in ROPE_SCALING:
+            raise ConfigError(f"kv_frontier.rope_scaling: {self.rope_scaling!r}; choose from {ROPE_SCALING}")
         kvp = dict(self.opt("kvpress") or {})
         self.kvpress_python = peer.check_python(kvp["python"]) if kvp.get("python") else None
+        past = [L for L in self.lengths if L > cfg.original_max_len]
+        if self.kvpress_python is not None and past and self.rope_scaling == "ntk":
+            raise ConfigError(f"kv_frontier: kvpress runs transformers' Llama, which has no NTK scaling of ours, "
+                              f"so at {past} (past original_max_len {cfg.original_max_len}) its presses would run "
+                              f"another model; set rope_scaling=none or kvpress.python=null")
         self.presses = list(kvp.get("presses", []))
         self.pairs = dict(kvp.get("pairs", {}))  # press class -> our policy it implements
         self.only_finished = bool(self.opt("only_finished", False))
+        for path in self.opt("journal_from") or []:  # before any model runs, not after the probe
+            if not resolve_path(str(path)).is_file():
+                raise ConfigError(f"kv_frontier.journal_from: no report at {path}")
         self.work = resolve_path(self.opt("work_dir") or f"runs/kv_frontier/{(self.model.sha256 or 'random')[:12]}")
         self.work.mkdir(parents=True, exist_ok=True)
         self.trained = self._check_trained(dict(self.opt("trained") or {}))
@@ -122,7 +144,7 @@ class KvFrontierSuite(Suite):
         self.probe_length = int(probe.get("length", 1024))
         self.weights = journal_seed.weights_key(self.model.model)  # the same weights under another file
         self._settings = {"model": self.weights, "passkey": self.opt("passkey"), "new_tokens": self.new_tokens,
-                          "policy_args": self.opt("policy_args"), "probe": probe}
+                          "policy_args": self.opt("policy_args"), "probe": probe, "rope_scaling": self.rope_scaling}
 
     def _check_trained(self, trained: dict) -> dict[str, dict]:
         """{`trained/<label>`: {path, sha256}} for each AnchorMass checkpoint to score beside the
@@ -165,8 +187,20 @@ class KvFrontierSuite(Suite):
         self.ppl = {"items": items, "cells": cells, "data": str(shown), "key": perplexity.anchors_key(
             items.anchors, items.target_len, sha256_file(path))}
 
+    def _longest(self) -> int:
+        """The longest sequence any session of this run holds: prompt plus answer, or a perplexity window."""
+        ppl = 0 if self.ppl is None else max(self.ppl["items"].contexts) + self.ppl["items"].target_len
+        return max(max(self.lengths) + self.new_tokens, ppl)
+
     def settings_key(self, length: int) -> str:
-        return settings_hash(self._settings, self.chunk, length)
+        return self._settings_key(self._settings, self.chunk, length)
+
+    def _settings_key(self, settings: dict, chunk: int, length: int) -> str:
+        """The RoPE scaling counts only for a row past the trained length, where it changes the model."""
+        rope = settings.get("rope_scaling", "ntk")
+        rope = journal_seed.rope_setting(rope if rope != "ntk" and length > self.model.config.original_max_len
+                                         else "ntk")
+        return settings_hash({**{k: v for k, v in settings.items() if k != "rope_scaling"}, **rope}, chunk, length)
 
     def _key_length(self, key: str) -> int:
         """The prompt length a journal row was measured at: probe, ppl/<anchors>/<length>/..., <length>/..."""
@@ -204,7 +238,7 @@ class KvFrontierSuite(Suite):
         taken = 0
         for key, row in found:
             length = self._key_length(key)
-            if settings_hash(settings, chunk, length) == self.settings_key(length) and key not in done:
+            if self._settings_key(settings, chunk, length) == self.settings_key(length) and key not in done:
                 done[key] = row
                 self._append(key, row)
                 taken += 1
@@ -279,7 +313,15 @@ class KvFrontierSuite(Suite):
                 "answers": [o["ids"] for o in res["outcomes"]], **extra}
 
     def run(self, ctx: EvalContext) -> dict:
-        std = self.model.model
+        std, cfg = self.model.model, self.model.model.cfg
+        if self.rope_scaling == "none":  # variants are built from std's config and inherit it
+            without_rope_scaling(std, self._longest())
+        try:
+            return self._run(ctx, std)
+        finally:
+            std.cfg = cfg  # the next suite sees the model as loaded
+
+    def _run(self, ctx: EvalContext, std) -> dict:
         per_token = standard_bytes_per_token(std)
         done = self._journal()
         fed = max(0, self.new_tokens - 1)  # tokens fed after the prefill (the last answer token is not)
@@ -310,21 +352,22 @@ class KvFrontierSuite(Suite):
         for path in self.opt("journal_from") or []:
             self._seed(done, resolve_path(str(path)), scores)
         rows: list[dict] = []
+        # every AnchorMass cell made from these weights, then every trained one, at each length
         cells = [(L, v) for L in self.lengths for v in self.variants]
-        for L, variant in progress(cells, ctx.progress, "kv frontier"):
-            groups = chosen_groups(scores, variant.share, variant.selection)
+        cells += [(L, label) for L in self.lengths for label in self.trained]
+        for L, cell in progress(cells, ctx.progress, "kv frontier"):
+            if isinstance(cell, str):
+                own = self.trained[cell]["sha256"][:12]
+                rows.append(once(journal_seed.row_key(L, cell, cell, own), lambda: self._row(
+                    L, cell, cell, self._ours(self._load_trained(cell), L), checkpoint=own)))
+                continue
+            groups = chosen_groups(scores, cell.share, cell.selection)
 
             def run_variant():
-                model = build_variant(std, variant, groups)
-                return self._row(L, variant.label, variant.label, self._ours(model, L, oracle=variant.oracle),
-                                 groups=groups)
+                model = build_variant(std, cell, groups)
+                return self._row(L, cell.label, cell.label, self._ours(model, L, oracle=cell.oracle), groups=groups)
 
-            rows.append(once(journal_seed.row_key(L, variant.label, variant.label), run_variant))
-        for L in self.lengths:
-            for label, info in self.trained.items():
-                rows.append(once(journal_seed.row_key(L, label, label, info["sha256"][:12]),
-                                 lambda: self._row(L, label, label, self._ours(self._load_trained(label), L),
-                                                   checkpoint=info["sha256"][:12])))
+            rows.append(once(journal_seed.row_key(L, cell.label, cell.label), run_variant))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
@@ -375,6 +418,7 @@ class KvFrontierSuite(Suite):
         return {"settings": {"lengths": self.lengths, "new_tokens": self.new_tokens, "passkey_trials":
                              len(self.trials[self.lengths[0]]), "standard_bytes_per_token": per_token,
                              "model": self.model.label, "sha256": self.model.sha256, "weights": self.weights,
+                             "rope_scaling": self.rope_scaling,
                              "pairs": self.pairs,
                              "retrieval_scores": scores.tolist(), "chunk": self.chunk,
                              "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5",
@@ -388,6 +432,8 @@ class KvFrontierSuite(Suite):
             from anchormass.training.checkpoint import load_model
 
             model, _ = load_model(info["path"])
+            if self.rope_scaling == "none":
+                without_rope_scaling(model, self._longest())
             info["model"] = model.to(next(self.model.model.parameters()).device)
         return info["model"]
 
@@ -531,7 +577,8 @@ def report_markdown(result: dict) -> str:
                 f"{s['standard_bytes_per_token']:,} B. A level is an AnchorMass cell (am/<selection><global groups "
                 f"per layer>/g<group size>); the other methods keep the bytes that cell stored. Tokens per global "
                 f"slot is the cell's measured merge ratio. CI: Wilson 95%; McNemar: exact, two-sided, against the "
-                f"full cache on the same trials.\n")
+                f"full cache on the same trials. RoPE past the model's trained length: "
+                f"{'plain (no scaling)' if s.get('rope_scaling') == 'none' else 'dynamic NTK'}.\n")
     return "\n".join(text)
 
 

@@ -89,6 +89,12 @@ def _ppl_rows(ppl: dict, now: dict | None) -> list[tuple[str, dict]]:
     return out
 
 
+def rope_setting(rope_scaling: str) -> dict:
+    """The RoPE scaling past the trained length, as the row settings hold it: absent for the default
+    (NTK), so rows measured before the choice existed keep their keys."""
+    return {} if rope_scaling == "ntk" else {"rope_scaling": rope_scaling}
+
+
 def report_rows(path: Path, ppl_now: dict | None, weights: str,
                 scores: torch.Tensor) -> tuple[dict, int, list[tuple[str, dict]]]:
     """(the report's row settings, its prefill chunk, [(journal key, row)]) of a results.json; its
@@ -102,7 +108,7 @@ def report_rows(path: Path, ppl_now: dict | None, weights: str,
             model = weights
         settings = {"model": model or report["models"][0]["sha256"], "passkey": kv.get("passkey"),
                     "new_tokens": result["settings"]["new_tokens"], "policy_args": kv.get("policy_args"),
-                    "probe": dict(kv.get("probe") or {})}
+                    "probe": dict(kv.get("probe") or {}), "rope_scaling": str(kv.get("rope_scaling") or "ntk")}
         chunk = int(result["settings"]["chunk"])
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ConfigError(f"kv_frontier.journal_from: {path} is not a kv_frontier results.json ({e})") from None
