@@ -43,3 +43,22 @@ def test_shared_prefill_refuses_what_it_cannot_share():
         SharedPrefill([new_cache(model, 1), used])
     with pytest.raises(ConfigError, match="Standard caches"):
         SharedPrefill([])
+
+
+def test_h2o_at_several_budgets_scores_the_prompt_once(monkeypatch):
+    """Its scores depend on the keys and queries only, so the second and third budgets copy the first's:
+    the fp32 attention of a long prompt is computed once per layer, and the answers stay each session's own."""
+    import anchormass.cache.kv_policies.h2o as h2o
+
+    calls = []
+    real = h2o.attention_probs
+    monkeypatch.setattr(h2o, "attention_probs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = build_model(gqa_config("standard")).eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(3))
+    settings = [(None, None), ("h2o", 24), (H2O(recent=4), 10), ("h2o", 16)]
+    shared = shared_session_decode(model, ids, 1, 64, settings)
+    assert len(calls) == model.cfg.n_layers  # one query block per layer for three H2O caches
+    for (policy, budget), (out, meter) in zip(settings, shared):
+        alone, own = session_decode(model, ids, 1, 64, policy, budget)
+        assert torch.equal(out, alone) and meter.as_dict() == own.as_dict(), (policy, budget)

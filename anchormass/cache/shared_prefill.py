@@ -29,8 +29,17 @@ class _SharedLayer(LayerCache):
         self.lead, self.followers = lead, followers
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # Followers whose policies observe alike (H2O at several budgets: the same fp32 attention
+        # scores, the costliest part of a long prefill after the attention itself) observe once.
+        first: dict[tuple, LayerCache] = {}
         for layer in self.followers:
+            key = layer.policy.observation_key() if layer.policy is not None else None
+            if key is not None and key in first:
+                layer.ingest_like(first[key], q, k, v)
+                continue
             layer.ingest(q, k, v)
+            if key is not None:
+                first[key] = layer
         return self.lead.attend(q, k, v)
 
     def after_forward(self) -> None:

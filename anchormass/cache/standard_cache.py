@@ -147,6 +147,16 @@ class StandardLayerCache(LayerCache):
         self._store(q, k, v)
         self._observe(q)
 
+    def ingest_like(self, twin: "StandardLayerCache", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`ingest`, with the policy's per-slot records copied from `twin`, a cache in the same state
+        whose policy has the same observation_key and has just ingested this chunk (shared_prefill.py)."""
+        self._store(q, k, v)
+        for name, buf in twin.aux.items():
+            if name not in self.aux:
+                self.add_aux(name, buf.dtype)
+            self.aux[name][:, :, :self.length] = buf[:, :, :self.length]
+        self.seen += q.shape[2]
+
     def _store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
         """Append the chunk's k, v (and the slots' positions); returns the first new slot."""
         b, h, t, d = k.shape

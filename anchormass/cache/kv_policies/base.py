@@ -45,6 +45,12 @@ class KVPolicy(Policy):
     def on_attend(self, layer: "StandardLayerCache", q: torch.Tensor) -> None:
         pass
 
+    def observation_key(self) -> tuple | None:
+        """Policies with equal keys make the same per-slot records (aux) in `on_attend` from the same
+        stored keys and queries, whatever their budgets: a shared prefill computes them once and
+        copies them (shared_prefill.py). None: no such promise."""
+        return None
+
     def after_forward(self, layer: "StandardLayerCache") -> None:
         pass
 

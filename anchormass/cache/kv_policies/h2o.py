@@ -48,6 +48,9 @@ class H2O(KVPolicy):
         if self.query_chunk < 1:
             raise ConfigError(f"h2o: query_chunk must be >= 1, got {self.query_chunk}")
 
+    def observation_key(self) -> tuple:
+        return (self.name, self.query_chunk)  # its scores do not depend on heavy, recent or the budget
+
     def on_attend(self, layer, q: torch.Tensor) -> None:
         if SCORE_AUX not in layer.aux:
             layer.add_aux(SCORE_AUX, torch.float32)
