@@ -31,6 +31,9 @@ NATURAL=("${HAYSTACK[@]}" 'eval.kv_frontier.anchormass.shares=[1,2]'
          'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
          'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8,am/retrieval1/g8]' eval.kv_frontier.ppl=null)
 
+# kvpress's presses but ObservedAttention, the one that needs the eager kernel's attention weights
+SDPA_PRESSES=('eval.kv_frontier.kvpress.presses=[{press:SnapKVPress,kwargs:{window_size:64,kernel_size:5}},{press:StreamingLLMPress,kwargs:{n_sink:4}},{press:KnormPress},{press:TOVAPress}]')
+
 # Beyond 1,024 tokens, the cells that recall anything at 1,024 and their matched baselines: two
 # retrieval-chosen global groups at every G, g8 without outliers, every press at the g4 and g8 bytes.
 LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.selections=[retrieval]'
@@ -54,6 +57,15 @@ done
   'eval.kv_frontier.baseline_levels=[]'
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384 overwrite=true 'eval.kv_frontier.lengths=[16384]' \
   "${LONG[@]}" eval.kv_frontier.kvpress.python=null
+# 2c. 16K without the NTK scaling (plain RoPE past 8,192: the model transformers' Llama runs there, so
+#     kvpress's presses are the same model again). ObservedAttention needs the eager kernel's 16K x 16K
+#     attention weights per layer (about 10 GB in fp32 per copy), more than this machine can hold beside
+#     the rest, so it is left out at this length; the other presses run on SDPA.
+PLAIN=(eval.kv_frontier.rope_scaling=none 'eval.kv_frontier.lengths=[16384]' "${LONG[@]}")
+"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain_full overwrite=true "${PLAIN[@]}" \
+  'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
+  'eval.kv_frontier.baseline_levels=[]'
+"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain overwrite=true "${PLAIN[@]}" "${SDPA_PRESSES[@]}"
 # 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K, 4K and 8K
 "${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
 for L in 2048 4096 8192; do
@@ -66,6 +78,8 @@ done
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k" overwrite=true \
   'eval.kv_frontier.lengths=[16384]' "${LONG[@]}" eval.kv_frontier.kvpress.python=null
+"${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k_plain_rope" overwrite=true \
+  "${PLAIN[@]}" "${SDPA_PRESSES[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${HAYSTACK[@]}" "${LONG[@]}"
