@@ -8,7 +8,8 @@
 #   2. the cells (a rerun skips finished stages and resumes a stopped one);
 #   3. the scores: the frontier's classic journal (its full-cache and press rows are reused; only the
 #      cells' rows are new), rendered into docs/results/smollm2/retrofit/. A fresh clone's journal first
-#      takes the committed classic reports' rows (kv_frontier.journal_from; FRESH=1 measures them again).
+#      takes the committed classic reports' rows (kv_frontier.journal_from; FRESH=1 measures them again);
+#   4. every cell at 16K, beyond the trained length (scores_16k/).
 set -euo pipefail
 OUT=${OUT:-docs/results/smollm2/retrofit}
 LENGTHS=${LENGTHS:-[1024,2048,4096,8192]}
@@ -28,8 +29,10 @@ fi
 mapfile -t CELLS < <("$PY" scripts/retrofit_cells.py curriculum=retrofit_smollm2)
 [ ${#CELLS[@]} -gt 0 ] || { echo "error: no finished retrofit cell to score" >&2; exit 2; }
 SEED=()
+SEED16=()
 if [ -z "${FRESH:-}" ]; then
   SEED=("+eval.kv_frontier.journal_from=[docs/results/smollm2/classic/results.json,docs/results/smollm2/classic_long/results.json]")
+  SEED16=("+eval.kv_frontier.journal_from=[docs/results/smollm2/classic_16k/results.json]")
 fi
 EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT" "eval.kv_frontier.lengths=$LENGTHS" "${SEED[@]}"
     'eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.selections=[retrieval]'
@@ -39,3 +42,11 @@ EV=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT" "eval.kv_front
 CELL_NAMES=$(printf '%s\n' "${CELLS[@]}" | sed 's/^+eval.kv_frontier.trained.\([^=]*\)=.*/trained\/\1/' | paste -sd, -)
 "${EV[@]}" out_dir=runs/eval/smollm2_retrofit overwrite=true "eval.kv_frontier.ppl.cells=[am/retrieval2/g8,$CELL_NAMES]"
 "${EV[@]}" out_dir="$OUT" overwrite=true eval.kv_frontier.only_finished=true "eval.kv_frontier.ppl.cells=[am/retrieval2/g8,$CELL_NAMES]"
+# 4. beyond the trained length: every cell at 16K on the classic filler, with the NTK scaling as the
+#    training-free 16K part (scripts/smollm2_results.sh); the cells only, beside the full cache's row.
+BEYOND=("$PY" evaluate.py suite=kv_frontier eval=smollm2 ckpt="$CKPT" 'eval.kv_frontier.lengths=[16384]' "${SEED16[@]}"
+        'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
+        'eval.kv_frontier.anchormass.oracle_group_sizes=[]' 'eval.kv_frontier.baseline_levels=[]'
+        eval.kv_frontier.kvpress.python=null eval.kv_frontier.ppl=null "${CELLS[@]}")
+"${BEYOND[@]}" out_dir=runs/eval/smollm2_retrofit_16k overwrite=true
+"${BEYOND[@]}" out_dir="$OUT/scores_16k" overwrite=true eval.kv_frontier.only_finished=true
