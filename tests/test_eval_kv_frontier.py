@@ -266,3 +266,39 @@ def test_the_method_by_length_table_shows_each_lengths_recall_bytes_and_measured
     assert "15/15 [80, 100] · 1,024 KiB" in full and "14/15 [70, 99] · 2,048 KiB" in full
     cell = next(line for line in table if "am/r2/g8" in line)
     assert "0/15 [0, 20] · 256 KiB, 4.00:1" in cell and cell.rstrip(" |").endswith("-")  # not run at 2,048
+
+
+def test_a_row_killed_between_batches_continues_from_its_finished_trials(tmp_path, assets, monkeypatch):
+    """Each finished batch is journaled as a part of its row: a run killed inside a row keeps the trials it
+    finished, and the rerun decodes only the rest, ending with the rows an unbroken run gives."""
+    import anchormass.eval.suites.kv_frontier as suite
+
+    tok, m = assets
+    cfg = {**CFG, "batch_size": 1, "anchormass": {**CFG["anchormass"], "shares": [1], "selections": ["retrieval"],
+                                                  "group_sizes": [8], "no_outlier_group_sizes": [],
+                                                  "oracle_group_sizes": []}}
+
+    def rows_of(name, work):
+        out = run_evaluation({"suite": "kv_frontier", "out_dir": str(tmp_path / name), "progress": False,
+                              "eval": {"kv_frontier": {**cfg, "work_dir": str(work)}}}, models=[m], tokenizer=tok)
+        return json.loads((out / "results.json").read_text())["suites"]["kv_frontier"]["rows"]
+
+    whole = rows_of("whole", tmp_path / "work_whole")
+    calls, real = [], suite.session_decode
+
+    per_trial = 1 + 3  # the full cache and three policies at the cell's bytes, one session each (chunk < prompt)
+
+    def killed_in_the_second_batch(*a, **k):  # the cell's two trials, the Standard's first batch, then a kill
+        calls.append(1)
+        if len(calls) == 2 + per_trial + 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(suite, "session_decode", killed_in_the_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        rows_of("killed", tmp_path / "work")
+    calls.clear()
+    monkeypatch.setattr(suite, "session_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = rows_of("again", tmp_path / "work")
+    assert len(calls) == per_trial  # the cell's row and the Standard's first trial were kept: one trial ran
+    assert again == whole

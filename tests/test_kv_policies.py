@@ -5,9 +5,12 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from anchormass.cache import new_cache
 from anchormass.cache.kv_policies import H2O, POLICIES, SnapKV, StreamingLLM, get_policy
+from anchormass.cache.kv_policies.base import attention_probs, attention_received
 from anchormass.cache.standard_cache import StandardLayerCache
 from anchormass.errors import ConfigError
 
@@ -267,3 +270,18 @@ def test_policies_through_the_standard_tiny_model(spec):
         assert cache.stats()["mass"] == [[kept, kept]] * model.cfg.n_layers
         cfg = model.cfg  # K and V of the kept tokens per KV head, fp32, 2 sequences
         assert cache.stored_nbytes == cfg.n_layers * 2 * 2 * cfg.kv_heads * kept * cfg.head_dim * 4
+
+
+@given(tq=st.integers(1, 9), extra=st.integers(0, 12), groups=st.sampled_from([(3, 3), (6, 3), (6, 1)]),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=40, deadline=None)
+def test_attention_received_is_the_column_sum_of_the_probabilities(tq, extra, groups, seed):
+    """H2O's in-place scores equal the plain softmax's column sums, wherever the queries sit (GQA too)."""
+    h, h_kv = groups
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, h, tq, D, generator=g) * 3, torch.randn(2, h_kv, tq + extra, D, generator=g) * 3
+    for first in {extra, max(0, extra - 1) if extra else extra}:  # the last queries sit at the last keys, or before
+        if first + tq > tq + extra:
+            continue
+        want = attention_probs(q, k, first_query_slot=first).sum(dim=2)
+        torch.testing.assert_close(attention_received(q, k, first_query_slot=first), want, atol=1e-5, rtol=1e-5)

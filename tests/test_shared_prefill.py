@@ -51,8 +51,8 @@ def test_h2o_at_several_budgets_scores_the_prompt_once(monkeypatch):
     import anchormass.cache.kv_policies.h2o as h2o
 
     calls = []
-    real = h2o.attention_probs
-    monkeypatch.setattr(h2o, "attention_probs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = h2o.attention_received
+    monkeypatch.setattr(h2o, "attention_received", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     model = build_model(gqa_config("standard")).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(3))

@@ -77,6 +77,30 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> 
     return torch.softmax(logits, dim=-1)
 
 
+def attention_received(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> torch.Tensor:
+    """`attention_probs(q, k, first_query_slot).sum(dim=2)`: the fp32 attention each stored key receives
+    from these queries, per query head, [B, H, L].
+
+    The same sums, computed so that a long prefill reads its [B, H, Tq, L] block as few times as it
+    can (H2O's scores at 16K are several times the block size of every cache on this CPU): logits,
+    mask (only the keys that lie after some query: the last Tq columns at most), max, exp and each
+    row's normaliser in place, then one batched matrix-vector product folds 1 / normaliser into the
+    column sums instead of dividing the whole block."""
+    b, h, tq, d = q.shape
+    h_kv, length = k.shape[1], k.shape[2]
+    grouped = q.float().reshape(b, h_kv, (h // h_kv) * tq, d)
+    logits = torch.matmul(grouped, k.float().transpose(-2, -1)).view(b, h, tq, length)
+    logits.mul_(1.0 / math.sqrt(d))
+    if first_query_slot < length - 1:
+        start = first_query_slot + 1  # columns from here on are hidden from some query
+        rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
+        cols = torch.arange(start, length, device=q.device).unsqueeze(0)
+        logits[..., start:].masked_fill_(cols > rows, float("-inf"))
+    logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+    inv = logits.sum(dim=-1).reciprocal_()  # [B, H, Tq]
+    return torch.matmul(inv.unsqueeze(-2), logits).squeeze(-2)
+
+
 def kv_group_mean(scores: torch.Tensor, h_kv: int) -> torch.Tensor:
     """Per-query-head scores [B, H, ...] -> per-KV-head [B, H_kv, ...]: the mean over each group's
     query heads (see the module docstring). The identity without GQA."""

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from anchormass.cache.kv_policies.base import KVPolicy, attention_probs, kv_group_mean, top_positions
+from anchormass.cache.kv_policies.base import KVPolicy, attention_received, kv_group_mean, top_positions
 from anchormass.errors import ConfigError
 
 SCORE_AUX = "h2o_score"
@@ -60,8 +60,8 @@ class H2O(KVPolicy):
         for s in range(0, t, self.query_chunk):
             part = q[:, :, s:s + self.query_chunk]
             stop = first + s + part.shape[2]  # keys beyond the last query of this part are masked anyway
-            probs = attention_probs(part, keys[:, :, :stop], first_query_slot=first + s)  # [B, H, t', stop]
-            score[:, :, :stop] += kv_group_mean(probs.sum(dim=2), layer.n_kv_heads)
+            got = attention_received(part, keys[:, :, :stop], first_query_slot=first + s)  # [B, H, stop]
+            score[:, :, :stop] += kv_group_mean(got, layer.n_kv_heads)
 
     def after_forward(self, layer) -> None:
         n = layer.length

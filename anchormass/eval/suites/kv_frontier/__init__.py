@@ -15,7 +15,8 @@ greedily through its own cache and is charged the bytes it stores after the last
 Per method and length: exact match with its Wilson interval, digits, exact McNemar against the full
 cache on the same trials, and for a press that is ours under another implementation, the per-item
 agreement of the two. Finished rows are appended to `<work_dir>/rows.jsonl` as they finish, so an
-interrupted run continues where it stopped (a row is reused only under the same settings), and
+interrupted run continues where it stopped (a row is reused only under the same settings; inside a
+row, so is each finished batch of its trials, from `<work_dir>/partial.jsonl`), and
 `journal_from: [<results.json>, ...]` lets a fresh clone continue from committed reports (journal_seed.py).
 Past the trained length `rope_scaling: ntk` (the default) runs every method with the project's NTK
 scaling; `none` runs plain RoPE, the model `transformers`' Llama is there, which kvpress needs.
@@ -252,6 +253,26 @@ class KvFrontierSuite(Suite):
             f.write(json.dumps({"settings": self.settings_key(self._key_length(key)), "key": key, "row": row}) + "\n")
             f.flush()
 
+    def _parts(self, key: str, length: int) -> dict[tuple[int, int], list[dict]]:
+        """The finished batches of row `key` under these settings: (first trial, trials) -> per method."""
+        path, found = self.work / "partial.jsonl", {}
+        if path.is_file():
+            settings = self.settings_key(length)
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill: that batch is simply run again
+                if entry.get("key") == key and entry.get("settings") == settings:
+                    found[(entry["start"], entry["trials"])] = entry["methods"]
+        return found
+
+    def _append_part(self, key: str, length: int, start: int, trials: int, methods: list[dict]) -> None:
+        with open(self.work / "partial.jsonl", "a") as f:
+            f.write(json.dumps({"settings": self.settings_key(length), "key": key, "start": start,
+                                "trials": trials, "methods": methods}) + "\n")
+            f.flush()
+
     # ------------------------------------------------------------------ running
     def _key_digits(self, trial, ids: list[int]) -> list[bool]:
         """Per prompt position: is it a token of the needle that spells a digit (the oracle's marks)."""
@@ -259,17 +280,18 @@ class KvFrontierSuite(Suite):
         tok = self.hay.tok
         return [lo <= p < hi and any(ch.isdigit() for ch in tok.decode([i])) for p, i in enumerate(ids)]
 
-    def _ours(self, model, length: int, policy=None, budget=None, oracle: bool = False) -> dict:
-        """Greedy answers of every trial of `length` through `model`'s cache: outcomes and bytes."""
+    def _ours(self, model, length: int, key: str, policy=None, budget=None, oracle: bool = False) -> dict:
+        """Greedy answers of every trial of `length` through `model`'s cache: outcomes and bytes
+        (`key`: the journal row they make; its finished batches are kept as they finish)."""
         def decode(ids, batch, prompts):
             forced = (torch.tensor([self._key_digits(t, p) for t, p in zip(batch, prompts)], device=ids.device)
                       if oracle else None)
             return [session_decode(model, ids, self.new_tokens, self.chunk, policy, budget,
                                    vocab_limit=self.hay.tok.vocab_size, forced=forced)]
 
-        return self._answer_trials(model, length, decode)[0]
+        return self._answer_trials(model, length, decode, key)[0]
 
-    def _standard_methods(self, length: int, settings: list[tuple]) -> list[dict]:
+    def _standard_methods(self, length: int, settings: list[tuple], key: str) -> list[dict]:
         """`_ours` of the Standard for each (policy, budget) of `settings` (None: the full cache). A prompt
         prefilled in one forward is shared by them all (cache/shared_prefill.py: the same answers and
         bytes as one session each), so the methods at equal bytes cost one long forward per trial."""
@@ -281,27 +303,38 @@ class KvFrontierSuite(Suite):
             return [session_decode(std, ids, self.new_tokens, self.chunk, policy, budget, vocab_limit=vocab)
                     for policy, budget in settings]
 
-        return self._answer_trials(std, length, decode)
+        return self._answer_trials(std, length, decode, key)
 
-    def _answer_trials(self, model, length: int, decode) -> list[dict]:
+    def _answer_trials(self, model, length: int, decode, key: str) -> list[dict]:
         """Every trial of `length` in batches; decode(ids, trials, prompts) -> [(answers, KVBytes)] per
-        method. Per method: outcomes, mean stored bytes per sequence, measured tokens per slot."""
+        method. Per method: outcomes, mean stored bytes per sequence, measured tokens per slot.
+
+        Each finished batch is journaled as a part of row `key` (partial.jsonl), and a rerun takes the
+        parts back instead of measuring them again: a 16K row is hours on one core, and a kill
+        would otherwise lose every trial it had finished."""
         tok, trials = self.hay.tok, self.trials[length]
         device = next(model.parameters()).device
         per_batch = max(1, min(self.batch_size, self.batch_tokens // length))  # bounds a whole-prompt prefill
+        kept = self._parts(key, length)
         found: list[dict] = []
         for s in range(0, len(trials), per_batch):
             batch = trials[s:s + per_batch]
-            prompts = [self.hay.build(t) for t in batch]
-            ids = torch.tensor(prompts, dtype=torch.long, device=device)
-            for i, (new, kv) in enumerate(decode(ids, batch, prompts)):
+            part = kept.get((s, len(batch)))
+            if part is None:
+                prompts = [self.hay.build(t) for t in batch]
+                ids = torch.tensor(prompts, dtype=torch.long, device=device)
+                part = [{"outcomes": [{"ids": row, **score_answer(tok.decode(row), t.key)}
+                                      for t, row in zip(batch, new.tolist())],
+                         "stored": kv.stored_end / len(batch), "ratio": kv.tokens_per_slot}
+                        for new, kv in decode(ids, batch, prompts)]
+                self._append_part(key, length, s, len(batch), part)
+            for i, method in enumerate(part):
                 if i == len(found):
                     found.append({"outcomes": [], "stored": [], "ratios": []})
-                for t, row in zip(batch, new.tolist()):
-                    found[i]["outcomes"].append({"ids": row, **score_answer(tok.decode(row), t.key)})
-                found[i]["stored"].append(kv.stored_end / len(batch))
-                if kv.tokens_per_slot is not None:
-                    found[i]["ratios"].append(kv.tokens_per_slot)
+                found[i]["outcomes"] += method["outcomes"]
+                found[i]["stored"].append(method["stored"])
+                if method["ratio"] is not None:
+                    found[i]["ratios"].append(method["ratio"])
         return [{"outcomes": f["outcomes"], "stored": float(np.mean(f["stored"])),
                  "tokens_per_slot": float(np.mean(f["ratios"])) if f["ratios"] else None} for f in found]
 
@@ -358,16 +391,19 @@ class KvFrontierSuite(Suite):
         for L, cell in progress(cells, ctx.progress, "kv frontier"):
             if isinstance(cell, str):
                 own = self.trained[cell]["sha256"][:12]
-                rows.append(once(journal_seed.row_key(L, cell, cell, own), lambda: self._row(
-                    L, cell, cell, self._ours(self._load_trained(cell), L), checkpoint=own)))
+                key = journal_seed.row_key(L, cell, cell, own)
+                rows.append(once(key, lambda: self._row(
+                    L, cell, cell, self._ours(self._load_trained(cell), L, key), checkpoint=own)))
                 continue
             groups = chosen_groups(scores, cell.share, cell.selection)
+            key = journal_seed.row_key(L, cell.label, cell.label)
 
             def run_variant():
                 model = build_variant(std, cell, groups)
-                return self._row(L, cell.label, cell.label, self._ours(model, L, oracle=cell.oracle), groups=groups)
+                return self._row(L, cell.label, cell.label, self._ours(model, L, key, oracle=cell.oracle),
+                                 groups=groups)
 
-            rows.append(once(journal_seed.row_key(L, cell.label, cell.label), run_variant))
+            rows.append(once(key, run_variant))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
@@ -405,7 +441,8 @@ class KvFrontierSuite(Suite):
                 missing += [job[0] for job in todo]
             elif todo:
                 for (key, method, level, _, budget, note), res in zip(
-                        todo, self._standard_methods(L, [(policy, budget) for _, _, _, policy, budget, _ in todo])):
+                        todo, self._standard_methods(L, [(policy, budget) for _, _, _, policy, budget, _ in todo],
+                                                     " + ".join(job[0] for job in todo))):
                     extra = {} if method == FULL else {"budget": budget, "note": note}
                     done[key] = self._row(L, method, level, res, **extra)
                     self._append(key, done[key])
