@@ -275,3 +275,23 @@ def test_an_export_has_one_file_mode_and_pads_on_the_left(exported):
     modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir() if p.is_file()}
     assert set(modes.values()) == {0o666 & ~current_umask()}, modes
     assert AutoTokenizer.from_pretrained(folder).padding_side == "left"
+
+
+def test_a_llama_exported_for_one_prompt_length_is_our_ntk_session_there(exported):
+    """Past the trained length our session fixes RoPE's base from the prompt's length; the Llama exported
+    for that length (plain RoPE with that base) gives the same logits and the same greedy tokens, and
+    the default export (the trained base) does not: kv_frontier runs kvpress on it under NTK."""
+    from anchormass.hf.export_llama import llama_from_ours
+
+    ours, _ = load_model(exported["standard_tiny_gqa"][0])
+    ours.eval()
+    length = TRAINED + 64
+    ids = _ids(1, length, seed=4)
+    with torch.no_grad():
+        want = ours(ids)  # a fresh forward over `length` tokens: the NTK base of that length
+        trained = (llama_from_ours(ours, {"bos": 1, "eos": 2, "pad": 0})(ids).logits - want).abs().max().item()
+        hf = llama_from_ours(ours, {"bos": 1, "eos": 2, "pad": 0}, session_len=length)
+        same = (hf(ids).logits - want).abs().max().item()
+        assert same <= 1e-5 and trained > 100 * same  # the trained base is another model here
+        theirs = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(theirs[:, length:], generate(ours, ids, max_new_tokens=12))

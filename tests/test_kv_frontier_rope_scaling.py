@@ -1,7 +1,7 @@
 """kv_frontier `rope_scaling`: past the trained length a row is measured with the project's NTK
 scaling (the default) or with plain RoPE (`none`, the model `transformers`' Llama runs there, so
 kvpress can be compared there). The choice changes the model only past original_max_len, so it keys
-only those rows; kvpress past that length under NTK would be another model and is refused."""
+only those rows; kvpress past that length runs the Llama of the chosen scaling."""
 
 import json
 import sys
@@ -17,6 +17,7 @@ from anchormass.eval.runner import run_evaluation
 from anchormass.eval.suite import EvalModel
 from anchormass.eval.suites.kv_frontier import without_rope_scaling
 from anchormass.models import build_model
+from anchormass.models.rope import ntk_base
 
 TRAINED = 128  # the tiny model's original_max_len: the passkey's 256 tokens lie past it
 SUITE = {"lengths": [256], "batch_size": 2, "chunk": 128,
@@ -81,10 +82,28 @@ def test_rows_within_the_trained_length_are_shared(tmp_path, ntk_report):
     assert got["settings"]["not_run_yet"] == [] and got["rows"]
 
 
-def test_kvpress_past_the_trained_length_needs_plain_rope(tmp_path, ntk_report):
+@pytest.mark.parametrize("scaling", ["ntk", "none"])
+def test_kvpress_past_the_trained_length_runs_the_llama_of_that_scaling(tmp_path, ntk_report, monkeypatch, scaling):
+    """Under NTK kvpress gets the Llama whose RoPE base is our session's at the prompts' length (the same
+    model there: tests/test_hf_export.py), under `none` the plain one."""
+    import anchormass.eval.suites.kv_frontier.peer as peer
+
     m, tok, _ = ntk_report
-    with pytest.raises(ConfigError, match="no NTK scaling of ours"):
-        _run(tmp_path, m, tok, kvpress={"python": sys.executable, "presses": []})
+    seen = {}
+
+    def runner(python, folder, presses, items, new_tokens, work, tag, threads=1):
+        seen.update(json.loads((folder / "config.json").read_text()), tag=tag)
+        return {p["label"]: {it["id"]: {"ids": [5] * new_tokens, "kept": 1, "stored_bytes": 100} for it in items}
+                for p in presses}
+
+    monkeypatch.setattr(peer, "answer", runner)
+    _run(tmp_path, m, tok, rope_scaling=scaling,
+         kvpress={"python": sys.executable, "presses": [{"press": "KnormPress"}]})
+    cfg = m.model.cfg
+    base = ntk_base(cfg.rope_theta, 256, TRAINED, cfg.head_dim) if scaling == "ntk" else cfg.rope_theta
+    assert seen["rope_parameters"] == {"rope_type": "default", "rope_theta": pytest.approx(base)}
+    assert base != cfg.rope_theta or scaling == "none"
+    assert seen["tag"] == ("L256_llama_ntk256" if scaling == "ntk" else "L256")  # one answers file per model
 
 
 def test_a_missing_journal_report_is_refused_before_any_work(tmp_path, ntk_report):

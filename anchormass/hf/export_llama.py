@@ -14,12 +14,17 @@ the longest position of each forward and remembered across calls: one fresh forw
 tokens matches ours, while generation beyond L re-bases every new token (cached keys keep the
 old base) and a later, shorter forward can keep a longer call's base. Neither matches a fixed
 session base, so the export uses plain RoPE (`rope_type="default"`), exact up to L; the folder
-records L as `max_position_embeddings`. Beyond L use this package (or the AnchorMass export).
+records L as `max_position_embeddings`. Beyond L use this package (or the AnchorMass export), or
+export for one prompt length P (`session_len=P`): plain RoPE whose theta is our session base at P,
+which is our model exactly for every prompt of P tokens and the tokens decoded after it (the
+equal-bytes comparison's prompts all have one length, so kvpress can run there; kv_frontier).
 """
 
 from __future__ import annotations
 
 import torch
+
+from anchormass.models.rope import ntk_base
 
 # our parameter name (inside block i) -> Llama's
 _BLOCK_NAMES = {
@@ -63,29 +68,35 @@ def ours_from_llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) ->
     return {to_ours[name]: tensor for name, tensor in state.items()}
 
 
-def llama_config(cfg, special_ids: dict[str, int]):
-    """A `LlamaConfig` describing the same network as our ModelConfig `cfg` (arch standard)."""
+def llama_config(cfg, special_ids: dict[str, int], session_len: int | None = None):
+    """A `LlamaConfig` describing the same network as our ModelConfig `cfg` (arch standard); with
+    `session_len`, the network our sessions run for prompts of that many tokens (module docstring)."""
     from transformers import LlamaConfig
+
+    theta, max_len = float(cfg.rope_theta), cfg.original_max_len
+    if session_len is not None and session_len > max_len:
+        theta, max_len = ntk_base(cfg.rope_theta, session_len, cfg.original_max_len, cfg.head_dim), session_len
 
     return LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.original_max_len,
-        rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=max_len,
+        rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": theta},
         attention_bias=False, mlp_bias=False, tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
         bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"], pad_token_id=special_ids["pad"],
         torch_dtype="float32",
     )
 
 
-def llama_from_ours(model, special_ids: dict[str, int]):
-    """A LlamaForCausalLM holding a copy of `model`'s (our Standard LanguageModel) weights in fp32."""
+def llama_from_ours(model, special_ids: dict[str, int], session_len: int | None = None):
+    """A LlamaForCausalLM holding a copy of `model`'s (our Standard LanguageModel) weights in fp32
+    (`session_len`: see llama_config)."""
     from transformers import LlamaForCausalLM
 
     cfg = model.cfg
     if cfg.arch != "standard":
         raise ValueError(f"only Standard models map onto Llama, got arch {cfg.arch!r}")
-    hf = LlamaForCausalLM(llama_config(cfg, special_ids)).to(model.lm_head.weight.device)
+    hf = LlamaForCausalLM(llama_config(cfg, special_ids, session_len)).to(model.lm_head.weight.device)
     state = llama_state_dict({k: v.detach().float() for k, v in model.state_dict().items()}, cfg.n_layers)
     hf.load_state_dict(state, strict=True)
     for key in ("bos", "eos", "pad"):
@@ -93,6 +104,6 @@ def llama_from_ours(model, special_ids: dict[str, int]):
     return hf.eval()
 
 
-def export_llama(model, out_dir, special_ids: dict[str, int]) -> None:
+def export_llama(model, out_dir, special_ids: dict[str, int], session_len: int | None = None) -> None:
     """Write `model` (our Standard LanguageModel) into `out_dir` as a LlamaForCausalLM folder."""
-    llama_from_ours(model, special_ids).save_pretrained(str(out_dir), safe_serialization=True)
+    llama_from_ours(model, special_ids, session_len).save_pretrained(str(out_dir), safe_serialization=True)

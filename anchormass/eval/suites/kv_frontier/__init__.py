@@ -19,7 +19,9 @@ interrupted run continues where it stopped (a row is reused only under the same 
 row, so is each finished batch of its trials, from `<work_dir>/partial.jsonl`), and
 `journal_from: [<results.json>, ...]` lets a fresh clone continue from committed reports (journal_seed.py).
 Past the trained length `rope_scaling: ntk` (the default) runs every method with the project's NTK
-scaling; `none` runs plain RoPE, the model `transformers`' Llama is there, which kvpress needs.
+scaling; `none` runs plain RoPE, the model `transformers`' Llama is there. kvpress runs under either:
+under NTK it gets the Llama whose RoPE base is our session's for the prompts' length (one length per
+call), which is the same model for those prompts (hf/export_llama.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from anchormass.utils import resolve_path, sha256_file
 
 FULL = "standard/full"
 # Past the trained length (original_max_len): "ntk" stretches RoPE's base as every session of this
-# project does (docs/method.md §1); "none" keeps plain RoPE, the model `transformers`' Llama runs there.
+# project does (docs/method.md §1); "none" keeps plain RoPE, the model `transformers`' Llama runs by default.
 ROPE_SCALING = ("ntk", "none")
 
 
@@ -126,11 +128,6 @@ class KvFrontierSuite(Suite):
             raise ConfigError(f"kv_frontier.rope_scaling: {self.rope_scaling!r}; choose from {ROPE_SCALING}")
         kvp = dict(self.opt("kvpress") or {})
         self.kvpress_python = peer.check_python(kvp["python"]) if kvp.get("python") else None
-        past = [L for L in self.lengths if L > cfg.original_max_len]
-        if self.kvpress_python is not None and past and self.rope_scaling == "ntk":
-            raise ConfigError(f"kv_frontier: kvpress runs transformers' Llama, which has no NTK scaling of ours, "
-                              f"so at {past} (past original_max_len {cfg.original_max_len}) its presses would run "
-                              f"another model; set rope_scaling=none or kvpress.python=null")
         self.presses = list(kvp.get("presses", []))
         self.pairs = dict(kvp.get("pairs", {}))  # press class -> our policy it implements
         self.only_finished = bool(self.opt("only_finished", False))
@@ -503,14 +500,21 @@ class KvFrontierSuite(Suite):
 
     def _kvpress(self, ctx, specs, wanted, per_token, done) -> list[dict]:
         """Each press spec answers only its own length's trials (one runner call per length)."""
-        folder = peer.export_folder(self.model.model, ctx.tokenizer.special_ids(), self.work)
         tok, rows = self.hay.tok, []
         for L in sorted({L for _, L, _, _ in wanted}):
             items = [{"id": f"{L}/{i}", "prompt_ids": self.hay.build(t)} for i, t in enumerate(self.trials[L])]
+            # Past the trained length under NTK our sessions fix RoPE's base from the prompt's length, so
+            # kvpress gets the Llama with that base: the same model for these prompts (hf/export_llama.py).
+            sizes = {len(item["prompt_ids"]) for item in items}
+            if len(sizes) != 1:
+                raise ConfigError(f"kv_frontier: the {L}-token prompts differ in length ({sorted(sizes)}); "
+                                  f"kvpress's model is exported for one prompt length")
+            folder = peer.export_folder(self.model.model, ctx.tokenizer.special_ids(), self.work, sizes.pop())
             at = [w for w in wanted if w[1] == L]
             labels = {label for label, *_ in at}
             answers = peer.answer(self.kvpress_python, folder, [s for s in specs if s["label"] in labels], items,
-                                  self.new_tokens, self.work, tag=f"L{L}")
+                                  self.new_tokens, self.work,  # answers of another model get another file
+                                  tag=f"L{L}" if folder.name == "llama" else f"L{L}_{folder.name}")
             for label, _, level, kept in at:
                 got = [answers[label][item["id"]] for item in items]
                 outcomes = [{"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)}

@@ -39,15 +39,18 @@ def check_python(python: str) -> Path:
     return path
 
 
-def export_folder(model, special_ids: dict[str, int], work: Path) -> Path:
-    """The model as a native Llama folder (safetensors), written once per work folder and reused."""
+def export_folder(model, special_ids: dict[str, int], work: Path, session_len: int | None = None) -> Path:
+    """The model as a native Llama folder (safetensors), written once per work folder and reused;
+    past the trained length under NTK, one per prompt length (`session_len`, hf/export_llama.py)."""
     from anchormass.hf.export_llama import export_llama
 
-    folder = work / "llama"
+    past = session_len is not None and session_len > model.cfg.original_max_len
+    name = f"llama_ntk{session_len}" if past else "llama"
+    folder = work / name
     if not (folder / "config.json").is_file():
-        staging = work / ".llama.partial"
+        staging = work / f".{name}.partial"
         staging.mkdir(parents=True, exist_ok=True)
-        export_llama(model, staging, special_ids)
+        export_llama(model, staging, special_ids, session_len if past else None)
         staging.rename(folder)
     return folder
 
