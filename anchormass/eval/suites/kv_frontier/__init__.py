@@ -195,10 +195,11 @@ class KvFrontierSuite(Suite):
 
     def _settings_key(self, settings: dict, chunk: int, length: int) -> str:
         """The RoPE scaling counts only for a row past the trained length, where it changes the model."""
-        rope = settings.get("rope_scaling", "ntk")
-        rope = journal_seed.rope_setting(rope if rope != "ntk" and length > self.model.config.original_max_len
-                                         else "ntk")
-        return settings_hash({**{k: v for k, v in settings.items() if k != "rope_scaling"}, **rope}, chunk, length)
+        chosen = settings.get("rope_scaling", "ntk")
+        # below the trained length every scaling is the same model, the default's
+        applies = chosen if chosen != "ntk" and length > self.model.config.original_max_len else "ntk"
+        rest = {k: v for k, v in settings.items() if k != "rope_scaling"}
+        return settings_hash({**rest, **journal_seed.rope_setting(applies)}, chunk, length)
 
     def _key_length(self, key: str) -> int:
         """The prompt length a journal row was measured at: probe, ppl/<anchors>/<length>/..., <length>/..."""
@@ -383,24 +384,22 @@ class KvFrontierSuite(Suite):
             self._seed(done, resolve_path(str(path)), scores)
         rows: list[dict] = []
         # every AnchorMass cell made from these weights, then every trained one, at each length
-        cells = [(L, v) for L in self.lengths for v in self.variants]
-        cells += [(L, label) for L in self.lengths for label in self.trained]
-        for L, cell in progress(cells, ctx.progress, "kv frontier"):
-            if isinstance(cell, str):
-                own = self.trained[cell]["sha256"][:12]
-                key = journal_seed.row_key(L, cell, cell, own)
-                rows.append(once(key, lambda: self._row(
-                    L, cell, cell, self._ours(self._load_trained(cell), L, key), checkpoint=own)))
-                continue
+        def variant_row(L: int, cell) -> tuple[str, object]:
             groups = chosen_groups(scores, cell.share, cell.selection)
             key = journal_seed.row_key(L, cell.label, cell.label)
+            return key, lambda: self._row(L, cell.label, cell.label, self._ours(
+                build_variant(std, cell, groups), L, key, oracle=cell.oracle), groups=groups)
 
-            def run_variant():
-                model = build_variant(std, cell, groups)
-                return self._row(L, cell.label, cell.label, self._ours(model, L, key, oracle=cell.oracle),
-                                 groups=groups)
+        def trained_row(L: int, label: str) -> tuple[str, object]:
+            own = self.trained[label]["sha256"][:12]
+            key = journal_seed.row_key(L, label, label, own)
+            return key, lambda: self._row(L, label, label, self._ours(self._load_trained(label), L, key),
+                                          checkpoint=own)
 
-            rows.append(once(key, run_variant))
+        cells = [(variant_row, L, v) for L in self.lengths for v in self.variants]
+        cells += [(trained_row, L, label) for L in self.lengths for label in self.trained]
+        for make, L, cell in progress(cells, ctx.progress, "kv frontier"):
+            rows.append(once(*make(L, cell)))
         rows = [r for r in rows if r is not None]  # only_finished: the cells not run yet are named, not shown
         # Baselines at every distinct AnchorMass byte level (the first variant of each stands for it).
         levels: dict[tuple, dict] = {}
