@@ -65,16 +65,23 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> 
     (g = H / H_kv). Query i sits at storage slot `first_query_slot + i` and sees slots
     0 .. first_query_slot + i (earlier slots always hold earlier positions). Returns [B, H, Tq, L].
     """
+    return torch.softmax(_causal_logits(q, k, first_query_slot), dim=-1)
+
+
+def _causal_logits(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> torch.Tensor:
+    """fp32 scaled logits [B, H, Tq, L] of `attention_probs`, keys after a query set to -inf in place."""
     b, h, tq, d = q.shape
     h_kv, length = k.shape[1], k.shape[2]
     # A group's query heads as one longer run of queries over their shared keys: no copy of k.
     grouped = q.float().reshape(b, h_kv, (h // h_kv) * tq, d)
-    logits = torch.matmul(grouped, k.float().transpose(-2, -1)).view(b, h, tq, length) / math.sqrt(d)
+    logits = torch.matmul(grouped, k.float().transpose(-2, -1)).view(b, h, tq, length)
+    logits.div_(math.sqrt(d))  # as a division, bit for bit the scores SnapKV has always voted with
     if first_query_slot < length - 1:  # some key lies after some query (else, e.g. decoding: all visible)
+        start = first_query_slot + 1  # only columns from here on are hidden from some query
         rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
-        cols = torch.arange(length, device=q.device).unsqueeze(0)
-        logits = logits.masked_fill(cols > rows, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+        cols = torch.arange(start, length, device=q.device).unsqueeze(0)
+        logits[..., start:].masked_fill_(cols > rows, float("-inf"))
+    return logits
 
 
 def attention_received(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) -> torch.Tensor:
@@ -86,16 +93,7 @@ def attention_received(q: torch.Tensor, k: torch.Tensor, first_query_slot: int) 
     mask (only the keys that lie after some query: the last Tq columns at most), max, exp and each
     row's normaliser in place, then one batched matrix-vector product folds 1 / normaliser into the
     column sums instead of dividing the whole block."""
-    b, h, tq, d = q.shape
-    h_kv, length = k.shape[1], k.shape[2]
-    grouped = q.float().reshape(b, h_kv, (h // h_kv) * tq, d)
-    logits = torch.matmul(grouped, k.float().transpose(-2, -1)).view(b, h, tq, length)
-    logits.mul_(1.0 / math.sqrt(d))
-    if first_query_slot < length - 1:
-        start = first_query_slot + 1  # columns from here on are hidden from some query
-        rows = torch.arange(tq, device=q.device).unsqueeze(1) + first_query_slot
-        cols = torch.arange(start, length, device=q.device).unsqueeze(0)
-        logits[..., start:].masked_fill_(cols > rows, float("-inf"))
+    logits = _causal_logits(q, k, first_query_slot)
     logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
     inv = logits.sum(dim=-1).reciprocal_()  # [B, H, Tq]
     return torch.matmul(inv.unsqueeze(-2), logits).squeeze(-2)
