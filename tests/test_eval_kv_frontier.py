@@ -201,7 +201,8 @@ def test_a_trained_anchormass_checkpoint_is_scored_on_the_same_trials_and_journa
 @pytest.mark.skipif(not KVPRESS_PYTHON.is_file(), reason="needs kvpress's own environment (make kvpress-env)")
 def test_kvpress_runner_answers_every_press_from_one_prefill_as_from_its_own(tmp_path, assets):
     """The runner's shared prefill (one forward, each press compressing its own copy of every layer's
-    keys and values) answers exactly as kvpress's own context manager, press by press."""
+    keys and values) answers exactly as kvpress's own context manager, press by press; the query-blocked
+    kernel that gives ObservedAttention its weights answers as transformers' eager kernel."""
     from anchormass.eval.suites.kv_frontier import peer
 
     tok, m = assets
@@ -212,14 +213,16 @@ def test_kvpress_runner_answers_every_press_from_one_prefill_as_from_its_own(tmp
                [("SnapKVPress", {"window_size": 8}), ("StreamingLLMPress", {"n_sink": 4}),
                 ("ObservedAttentionPress", {}), ("KnormPress", {}), ("TOVAPress", {})]]
     answers = {}
-    for shared in ("true", "false"):
-        spec, out = tmp_path / f"items_{shared}.json", tmp_path / f"answers_{shared}.json"
+    for shared, kernel in (("true", "blocked"), ("false", "blocked"), ("true", "eager")):
+        spec, out = tmp_path / f"items_{shared}_{kernel}.json", tmp_path / f"answers_{shared}_{kernel}.json"
         spec.write_text(json.dumps({"model": str(folder), "max_new_tokens": 5, "presses": presses, "items": items}))
         subprocess.run([str(KVPRESS_PYTHON), str(ROOT / peer.RUNNER), f"items={spec}", f"out={out}",
-                        f"shared={shared}"], check=True, capture_output=True)
-        answers[shared] = json.loads(out.read_text())["answers"]
-    assert answers["true"] == answers["false"]
-    kept = {name: got["0"]["kept"][0] for name, got in answers["true"].items()}
+                        f"shared={shared}", f"weights_kernel={kernel}"], check=True, capture_output=True)
+        answers[shared, kernel] = json.loads(out.read_text())["answers"]
+    assert answers["true", "blocked"] == answers["false", "blocked"]
+    # ObservedAttention (and the SDPA presses beside it) answer alike under transformers' eager kernel
+    assert answers["true", "blocked"] == answers["true", "eager"]
+    kept = {name: got["0"]["kept"][0] for name, got in answers["true", "blocked"].items()}
     assert all(k < 96 for k in kept.values()), kept  # every press compressed
 
 

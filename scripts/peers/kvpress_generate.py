@@ -17,7 +17,14 @@ per attention layer hands each press its own copy of the layer's full keys and v
 press's own `forward_hook` on it, as `with press(model)` would. A press that brings its own context
 manager (overrides `__call__`) gets a prefill of its own. The tests check that both routes answer alike.
 
-    .venv-kvpress/bin/python scripts/peers/kvpress_generate.py items=items.json out=answers.json [shared=false]
+The model runs SDPA. A press that reads the prefill's attention weights (ObservedAttention) runs its
+items under a kernel that returns them: transformers' eager kernel (`weights_kernel=eager`), or by
+default the same arithmetic a block of query rows at a time (`query_blocked_eager.py`), which needs
+one weights tensor instead of several and fits 16K prompts on a 24 GB machine. The tests check that
+the two answer alike.
+
+    .venv-kvpress/bin/python scripts/peers/kvpress_generate.py items=items.json out=answers.json \
+        [shared=false] [threads=1] [weights_kernel=blocked|eager]
 
 items.json: {"model": "<HF Llama folder>", "max_new_tokens": 8,
              "presses": [{"label": "snapkv@0.75", "press": "SnapKVPress",
@@ -34,10 +41,12 @@ import json
 import os
 import sys
 import tempfile
+from contextlib import contextmanager, nullcontext
 from importlib.metadata import version
 from pathlib import Path
 
-OPTIONS = ("items", "out", "threads", "shared")
+OPTIONS = ("items", "out", "threads", "shared", "weights_kernel")
+WEIGHT_PRESSES = ("ObservedAttentionPress",)  # presses that score keys by the prefill's attention weights
 
 
 def fail(message: str) -> None:
@@ -82,6 +91,21 @@ def answer_one(model, press, prompt_ids: list[int], max_new_tokens: int) -> dict
         with press(model):
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return continue_greedy(model, cache, out.logits[0, -1].argmax(), len(prompt_ids), max_new_tokens)
+
+
+def needs_weights(press) -> bool:
+    return type(press).__name__ in WEIGHT_PRESSES
+
+
+@contextmanager
+def attention_kernel(model, name: str):
+    """Run the model under attention implementation `name`, then restore the one it had."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def shares_prefill(press) -> bool:
@@ -159,10 +183,17 @@ def main(argv: list[str]) -> None:
 
     hf_logging.disable_progress_bar()  # quiet by default: one line per press
     torch.set_num_threads(int(opts.get("threads", "1")))
-    # Observed attention needs the prefill's attention weights, which only the eager kernel returns.
-    needs_weights = any(p["press"] == "ObservedAttentionPress" for p in spec["presses"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
-                                                 attn_implementation="eager" if needs_weights else "sdpa").eval()
+    weights_kernel = opts.get("weights_kernel", "blocked")
+    if weights_kernel not in ("blocked", "eager"):
+        fail(f"weights_kernel must be blocked or eager, got {weights_kernel!r}")
+    if weights_kernel == "blocked":
+        from query_blocked_eager import NAME, make_kernel
+        from transformers import AttentionInterface
+
+        # every press consumes a layer's weights inside that layer's hook, so one buffer serves all layers
+        AttentionInterface.register(NAME, make_kernel(reuse_weights=True))
+        weights_kernel = NAME
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32, attn_implementation="sdpa").eval()
     out_path = Path(opts["out"])
     # A rerun continues: answers already written are kept, only missing (press, item) pairs run,
     # and the file is rewritten after every item.
@@ -174,16 +205,22 @@ def main(argv: list[str]) -> None:
     versions = {k: version(k) for k in ("kvpress", "transformers", "torch")}
     for item in spec["items"]:
         todo = [label for label in presses if item["id"] not in done.get(label, {})]
-        together = [label for label in todo if shared and shares_prefill(presses[label])]
-        found = dict(zip(together, answer_shared(model, [presses[label] for label in together], item["prompt_ids"],
-                                                 spec["max_new_tokens"]))) if together else {}
+        found = {}
+        for weights in (False, True):  # SDPA's presses share one prefill, weight readers another
+            group = [label for label in todo if needs_weights(presses[label]) == weights]
+            together = [label for label in group if shared and shares_prefill(presses[label])]
+            with attention_kernel(model, weights_kernel) if weights else nullcontext():
+                if together:
+                    found.update(zip(together, answer_shared(model, [presses[label] for label in together],
+                                                             item["prompt_ids"], spec["max_new_tokens"])))
+                for label in group:
+                    if label not in found:
+                        found[label] = answer_one(model, presses[label], item["prompt_ids"], spec["max_new_tokens"])
         for label in todo:
-            if label not in found:
-                found[label] = answer_one(model, presses[label], item["prompt_ids"], spec["max_new_tokens"])
             done.setdefault(label, {})[item["id"]] = found[label]
         if todo:
             write_json_atomic(out_path, {"versions": versions, "answers": done})
-            print(f"{item['id']}: {len(todo)} presses ({len(together)} from one prefill)", flush=True)
+            print(f"{item['id']}: {len(todo)} presses", flush=True)
 
 
 if __name__ == "__main__":
