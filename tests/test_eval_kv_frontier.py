@@ -305,3 +305,14 @@ def test_a_row_killed_between_batches_continues_from_its_finished_trials(tmp_pat
     again = rows_of("again", tmp_path / "work")
     assert len(calls) == per_trial  # the cell's row and the Standard's first trial were kept: one trial ran
     assert again == whole
+
+
+
+def test_a_rows_bytes_and_ratio_weigh_each_batch_by_its_trials():
+    """Batches of 2 and 1 trials (15 trials in batches of 8 and 7 alike): the per-trial mean, not the
+    mean of the batch means. Every trial of one length stores the same bytes in today's methods, so
+    this guards the methods whose bytes will depend on the prompt."""
+    from anchormass.eval.suites.kv_frontier import trial_mean
+
+    assert trial_mean([(10.0, 2), (1.0, 1)]) == pytest.approx(7.0)
+    assert trial_mean([(4.0, 8), (4.0, 7)]) == 4.0

@@ -76,6 +76,12 @@ def settings_hash(settings: dict, chunk: int, length: int) -> str:
                                      sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def trial_mean(batch_means: list[tuple[float, int]]) -> float:
+    """The mean over trials of per-batch means (mean, trials): batches of unequal size weigh by size."""
+    means, sizes = zip(*batch_means)
+    return float(np.average(means, weights=sizes))
+
+
 class KvFrontierSuite(Suite):
     name = "kv_frontier"
     needs_tokenizer = True
@@ -330,11 +336,12 @@ class KvFrontierSuite(Suite):
                 if i == len(found):
                     found.append({"outcomes": [], "stored": [], "ratios": []})
                 found[i]["outcomes"] += method["outcomes"]
-                found[i]["stored"].append(method["stored"])
+                # a batch's figures are its means: weighted by its trials, they give the per-trial mean
+                found[i]["stored"].append((method["stored"], len(batch)))
                 if method["ratio"] is not None:
-                    found[i]["ratios"].append(method["ratio"])
-        return [{"outcomes": f["outcomes"], "stored": float(np.mean(f["stored"])),
-                 "tokens_per_slot": float(np.mean(f["ratios"])) if f["ratios"] else None} for f in found]
+                    found[i]["ratios"].append((method["ratio"], len(batch)))
+        return [{"outcomes": f["outcomes"], "stored": trial_mean(f["stored"]),
+                 "tokens_per_slot": trial_mean(f["ratios"]) if f["ratios"] else None} for f in found]
 
     def _row(self, length: int, method: str, level: str, res: dict, **extra) -> dict:
         exact = [bool(o["exact"]) for o in res["outcomes"]]
