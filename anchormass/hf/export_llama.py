@@ -68,13 +68,18 @@ def ours_from_llama_state_dict(state: dict[str, torch.Tensor], n_layers: int) ->
     return {to_ours[name]: tensor for name, tensor in state.items()}
 
 
+def past_trained_length(cfg, session_len: int | None) -> bool:
+    """Do prompts of `session_len` tokens run under NTK-scaled RoPE (a base of their own)?"""
+    return session_len is not None and session_len > cfg.original_max_len
+
+
 def llama_config(cfg, special_ids: dict[str, int], session_len: int | None = None):
     """A `LlamaConfig` describing the same network as our ModelConfig `cfg` (arch standard); with
     `session_len`, the network our sessions run for prompts of that many tokens (module docstring)."""
     from transformers import LlamaConfig
 
     theta, max_len = float(cfg.rope_theta), cfg.original_max_len
-    if session_len is not None and session_len > max_len:
+    if past_trained_length(cfg, session_len):
         theta, max_len = ntk_base(cfg.rope_theta, session_len, cfg.original_max_len, cfg.head_dim), session_len
 
     return LlamaConfig(

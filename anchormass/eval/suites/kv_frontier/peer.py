@@ -42,9 +42,9 @@ def check_python(python: str) -> Path:
 def export_folder(model, special_ids: dict[str, int], work: Path, session_len: int | None = None) -> Path:
     """The model as a native Llama folder (safetensors), written once per work folder and reused;
     past the trained length under NTK, one per prompt length (`session_len`, hf/export_llama.py)."""
-    from anchormass.hf.export_llama import export_llama
+    from anchormass.hf.export_llama import export_llama, past_trained_length
 
-    past = session_len is not None and session_len > model.cfg.original_max_len
+    past = past_trained_length(model.cfg, session_len)
     name = f"llama_ntk{session_len}" if past else "llama"
     folder = work / name
     if not (folder / "config.json").is_file():
