@@ -31,9 +31,6 @@ NATURAL=("${HAYSTACK[@]}" 'eval.kv_frontier.anchormass.shares=[1,2]'
          'eval.kv_frontier.anchormass.no_outlier_group_sizes=[8]'
          'eval.kv_frontier.baseline_levels=[am/retrieval2/g4,am/retrieval2/g8,am/retrieval1/g8]' eval.kv_frontier.ppl=null)
 
-# kvpress's presses but ObservedAttention, the one that needs the eager kernel's attention weights
-SDPA_PRESSES=('eval.kv_frontier.kvpress.presses=[{press:SnapKVPress,kwargs:{window_size:64,kernel_size:5}},{press:StreamingLLMPress,kwargs:{n_sink:4}},{press:KnormPress},{press:TOVAPress}]')
-
 # Beyond 1,024 tokens, the cells that recall anything at 1,024 and their matched baselines: two
 # retrieval-chosen global groups at every G, g8 without outliers, every press at the g4 and g8 bytes.
 LONG=('eval.kv_frontier.anchormass.shares=[2]' 'eval.kv_frontier.anchormass.selections=[retrieval]'
@@ -52,14 +49,14 @@ done
 # 2b. beyond the trained length (8,192): the classic filler at 16K, with the project's NTK scaling (its
 #     default there). The full cache alone first (the control), then the rest. kvpress runs the Llama
 #     exported with our session's RoPE base at 16,384 tokens (the same model for these prompts,
-#     docs/method.md §6 k). ObservedAttention needs the eager kernel's 16K x 16K attention weights per
-#     layer (about 10 GB in fp32 per copy), more than this machine holds beside the rest, so it is left
-#     out at this length; the other presses run on SDPA.
+#     docs/method.md §6 k). ObservedAttention reads the prefill's 16K x 16K attention weights per layer
+#     (about 10 GB in fp32); kvpress's runner computes them a block of query rows at a time into one
+#     reused tensor (scripts/peers/query_blocked_eager.py), which fits here.
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384_full overwrite=true 'eval.kv_frontier.lengths=[16384]' \
   "${LONG[@]}" 'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
   'eval.kv_frontier.baseline_levels=[]'
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384 overwrite=true 'eval.kv_frontier.lengths=[16384]' \
-  "${LONG[@]}" "${SDPA_PRESSES[@]}"
+  "${LONG[@]}"
 # 2c. 16K without the NTK scaling (plain RoPE past 8,192, transformers' default Llama there): the full
 #     cache, the control of that condition. It recalls 0/15 there, so no other method is run in it.
 PLAIN=(eval.kv_frontier.rope_scaling=none 'eval.kv_frontier.lengths=[16384]' "${LONG[@]}")
@@ -77,7 +74,7 @@ done
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k" overwrite=true \
-  'eval.kv_frontier.lengths=[16384]' "${LONG[@]}" "${SDPA_PRESSES[@]}"
+  'eval.kv_frontier.lengths=[16384]' "${LONG[@]}"
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k_plain_rope" overwrite=true \
   "${PLAIN[@]}" 'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
   'eval.kv_frontier.baseline_levels=[]'
