@@ -21,8 +21,11 @@ seed() {
   echo "+eval.kv_frontier.journal_from=[$(IFS=,; echo "${have[*]}")]"
 }
 CLASSIC_SEED=$(seed classic classic_long classic_16k)
+# plain RoPE past 8,192 is another model there: its 16K rows come from its own report, not classic_16k's
+PLAIN_SEED=$(seed classic classic_long classic_16k_plain_rope)
 NATURAL_SEED=$(seed natural natural_long)
 EV_CLASSIC=("${EV[@]}" ${CLASSIC_SEED:+"$CLASSIC_SEED"})
+EV_PLAIN=("${EV[@]}" ${PLAIN_SEED:+"$PLAIN_SEED"})
 EV_NATURAL=("${EV[@]}" ${NATURAL_SEED:+"$NATURAL_SEED"})
 HAYSTACK=(eval.kv_frontier.passkey.filler=tokens +eval.kv_frontier.passkey.filler_path=data/english_docs/val.bin
           eval.kv_frontier.work_dir=runs/kv_frontier/smollm2_natural)
@@ -58,11 +61,16 @@ done
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384 overwrite=true 'eval.kv_frontier.lengths=[16384]' \
   "${LONG[@]}"
 # 2c. 16K without the NTK scaling (plain RoPE past 8,192, transformers' default Llama there): the full
-#     cache, the control of that condition. It recalls 0/15 there, so no other method is run in it.
+#     cache, the control of that condition, recalls 0/15 there. The one question it can still answer is
+#     the write-up's (does the local/global split recall where the full cache cannot?), so the lossless
+#     g1 cell runs beside it; the methods that keep or merge tokens at equal bytes are not run in it.
 PLAIN=(eval.kv_frontier.rope_scaling=none 'eval.kv_frontier.lengths=[16384]' "${LONG[@]}")
-"${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain_full overwrite=true "${PLAIN[@]}" \
+PLAIN_CELLS=("${PLAIN[@]}" 'eval.kv_frontier.anchormass.group_sizes=[1]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
+             'eval.kv_frontier.baseline_levels=[]' eval.kv_frontier.kvpress.python=null)
+"${EV_PLAIN[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain_full overwrite=true "${PLAIN[@]}" \
   'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
   'eval.kv_frontier.baseline_levels=[]'
+"${EV_PLAIN[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain overwrite=true "${PLAIN_CELLS[@]}"
 # 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K, 4K and 8K
 "${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"
 for L in 2048 4096 8192; do
@@ -75,9 +83,8 @@ done
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${LONG[@]}"
 "${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k" overwrite=true \
   'eval.kv_frontier.lengths=[16384]' "${LONG[@]}"
-"${EV_CLASSIC[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k_plain_rope" overwrite=true \
-  "${PLAIN[@]}" 'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
-  'eval.kv_frontier.baseline_levels=[]'
+"${EV_PLAIN[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/classic_16k_plain_rope" overwrite=true \
+  "${PLAIN_CELLS[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural" overwrite=true "${NATURAL[@]}"
 "${EV_NATURAL[@]}" eval.kv_frontier.only_finished=true out_dir="$OUT/natural_long" overwrite=true \
   'eval.kv_frontier.lengths=[1024,2048,4096,8192]' "${HAYSTACK[@]}" "${LONG[@]}"
