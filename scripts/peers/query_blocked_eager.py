@@ -12,7 +12,8 @@ does not fit twice on a 24 GB machine. This kernel returns the same weights and 
   logits only up to its last row's key and leaves the rest of the weights exactly zero (what the
   eager kernel's softmax gives them: exp of the mask's minimum float underflows to 0).
 
-It is causal only (no padding mask, no sliding window): the runner feeds one unpadded prompt per
+The logits are computed in fp32 (the runner's dtype; for a bf16 model eager would round them to bf16
+first). It is causal only (no padding mask, no sliding window): the runner feeds one unpadded prompt per
 forward, and the kernel refuses a mask it would have to honour. With a cache, the K - Q keys before
 the queries are the past and every query sees them (a decoding step sees the whole cache).
 
