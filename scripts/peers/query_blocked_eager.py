@@ -74,7 +74,8 @@ def query_blocked_eager(module, query: torch.Tensor, key: torch.Tensor, value: t
     kv_heads, n_k = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     # query head h reads KV head h // groups, as transformers' repeat_kv lays them out
-    keys = key[:, :, None].expand(batch, kv_heads, groups, n_k, dim).reshape(batch, heads, n_k, dim)
+    # (in fp32 once, not per block: a no-op for an fp32 model, a whole copy per block for bf16)
+    keys = key[:, :, None].expand(batch, kv_heads, groups, n_k, dim).reshape(batch, heads, n_k, dim).float()
     values = value[:, :, None].expand(batch, kv_heads, groups, n_k, dim).reshape(batch, heads, n_k, dim)
     scaling = dim**-0.5 if scaling is None else scaling
     past = n_k - n_q  # keys before the first query: every query sees them
@@ -88,7 +89,7 @@ def query_blocked_eager(module, query: torch.Tensor, key: torch.Tensor, value: t
         stop = min(n_q, start + step)
         seen = past + stop  # keys visible to the block's last row
         logits = scratch[: batch * heads * (stop - start) * seen].view(batch, heads, stop - start, seen)
-        torch.matmul(query[:, :, start:stop].float(), keys[:, :, :seen].transpose(2, 3).float(), out=logits)
+        torch.matmul(query[:, :, start:stop].float(), keys[:, :, :seen].transpose(2, 3), out=logits)
         logits.mul_(scaling)
         rows = torch.arange(start, stop, device=query.device)[:, None]
         logits.masked_fill_(torch.arange(seen, device=query.device)[None, :] > rows + past, float("-inf"))
