@@ -65,7 +65,8 @@ def test_plain_rope_changes_the_model_only_past_its_trained_length():
 def test_rows_past_the_trained_length_are_not_shared_between_scalings(tmp_path, ntk_report):
     m, tok, report = ntk_report
     assert m.model.cfg.original_max_len == TRAINED  # the run gave the model back as it was loaded
-    with pytest.raises(ConfigError, match="measured under other settings"):
+    # the refusal names the setting that differs here
+    with pytest.raises(ConfigError, match="measured under other settings.*rope_scaling"):
         _run(tmp_path, m, tok, rope_scaling="none", only_finished=True, journal_from=[str(report)])
     got = _run(tmp_path / "plain", m, tok, rope_scaling="none")
     assert m.model.cfg.original_max_len == TRAINED
@@ -92,18 +93,24 @@ def test_kvpress_past_the_trained_length_runs_the_llama_of_that_scaling(tmp_path
     seen = {}
 
     def runner(python, folder, presses, items, new_tokens, work, tag, threads=1):
-        seen.update(json.loads((folder / "config.json").read_text()), tag=tag)
+        seen.update(json.loads((folder / "config.json").read_text()), tag=tag, threads=threads)
         return {p["label"]: {it["id"]: {"ids": [5] * new_tokens, "kept": 1, "stored_bytes": 100} for it in items}
                 for p in presses}
 
     monkeypatch.setattr(peer, "answer", runner)
-    _run(tmp_path, m, tok, rope_scaling=scaling,
-         kvpress={"python": sys.executable, "presses": [{"press": "KnormPress"}]})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the runner's default of 1
+    try:
+        _run(tmp_path, m, tok, rope_scaling=scaling,
+             kvpress={"python": sys.executable, "presses": [{"press": "KnormPress"}]})
+    finally:
+        torch.set_num_threads(threads)
     cfg = m.model.cfg
     base = ntk_base(cfg.rope_theta, 256, TRAINED, cfg.head_dim) if scaling == "ntk" else cfg.rope_theta
     assert seen["rope_parameters"] == {"rope_type": "default", "rope_theta": pytest.approx(base)}
     assert base != cfg.rope_theta or scaling == "none"
     assert seen["tag"] == ("L256_llama_ntk256" if scaling == "ntk" else "L256")  # one answers file per model
+    assert seen["threads"] == 3  # the runner gets this run's threads
 
 
 def test_a_missing_journal_report_is_refused_before_any_work(tmp_path, ntk_report):

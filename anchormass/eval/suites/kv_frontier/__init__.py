@@ -250,7 +250,8 @@ class KvFrontierSuite(Suite):
         rows = [key for key, _ in found if key != "probe"]  # the probe was measured here before seeding
         if rows and not taken and not any(key in done for key in rows):
             raise ConfigError(f"kv_frontier.journal_from: {path} was measured under other settings (model, "
-                              f"passkey, new_tokens, policy_args, probe or chunk); none of its rows apply here")
+                              f"passkey, new_tokens, policy_args, probe, chunk or, past the trained length, "
+                              f"rope_scaling); none of its rows apply here")
 
     def _append(self, key: str, row: dict) -> None:
         with open(self.work / "rows.jsonl", "a") as f:
@@ -520,7 +521,8 @@ class KvFrontierSuite(Suite):
             labels = {label for label, *_ in at}
             answers = peer.answer(self.kvpress_python, folder, [s for s in specs if s["label"] in labels], items,
                                   self.new_tokens, self.work,  # answers of another model get another file
-                                  tag=f"L{L}" if folder.name == "llama" else f"L{L}_{folder.name}")
+                                  tag=f"L{L}" if folder.name == "llama" else f"L{L}_{folder.name}",
+                                  threads=torch.get_num_threads())  # this run's torch_threads, not one
             for label, _, level, kept in at:
                 got = [answers[label][item["id"]] for item in items]
                 outcomes = [{"ids": a["ids"], **score_answer(tok.decode(a["ids"]), t.key)}
