@@ -168,9 +168,10 @@ def test_a_trained_anchormass_checkpoint_is_scored_on_the_same_trials_and_journa
     zeros = torch.zeros(m.model.cfg.n_layers, m.model.cfg.kv_heads)
     cell = build_variant(m.model, Variant(1, "index", 8, True), chosen_groups(zeros, 1, "index"))
 
-    def save(model, path):
+    def save(model, path, step=90):
         atomic_torch_save({"state_dict": {STATE_PREFIX + k: v for k, v in model.state_dict().items()},
-                           "hyper_parameters": {"model_config": model.cfg.to_dict()}}, path)
+                           "global_step": step,
+                           "hyper_parameters": {"model_config": model.cfg.to_dict(), "total_steps": 90}}, path)
         return str(path)
 
     ckpt = save(cell, tmp_path / "cell.ckpt")
@@ -184,10 +185,14 @@ def test_a_trained_anchormass_checkpoint_is_scored_on_the_same_trials_and_journa
     by = {r["method"]: r for r in rows["suites"]["kv_frontier"]["rows"]}
     assert by["trained/g8"]["answers"] == by["am/index1/g8"]["answers"]
     assert by["trained/g8"]["stored"] == by["am/index1/g8"]["stored"]
+    assert "g8 step 90 of 90, sha256" in (tmp_path / "out" / "report.md").read_text()
     with torch.no_grad():
         cell.blocks[0].attn.q_proj.weight.mul_(2.0)
-    save(cell, tmp_path / "cell.ckpt")
-    run_evaluation({**cfg, "out_dir": str(tmp_path / "out2")}, models=[m], tokenizer=tok)
+    save(cell, tmp_path / "cell.ckpt", step=15)  # a stage still training: scored, and said so
+    got = json.loads((run_evaluation({**cfg, "out_dir": str(tmp_path / "out2")}, models=[m], tokenizer=tok)
+                      / "results.json").read_text())["suites"]["kv_frontier"]["settings"]["trained"]["trained/g8"]
+    assert (got["step"], got["total_steps"]) == (15, 90)
+    assert "g8 step 15 of 90 (mid-run)" in (tmp_path / "out2" / "report.md").read_text()
     keys = [json.loads(line)["key"] for line in (work / "rows.jsonl").read_text().splitlines()]
     assert len([k for k in keys if "/trained/g8/" in k]) == 2  # one row per checkpoint content
     other = build_model(gqa_config("anchormass", vocab_size=400, ffn_dim=64))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,8 @@ from anchormass.eval.suites.kv_frontier.variants import (
 )
 from anchormass.models.config import ModelConfig
 from anchormass.utils import resolve_path, sha256_file
+
+log = logging.getLogger(__name__)
 
 FULL = "standard/full"
 # Past the trained length (original_max_len): "ntk" stretches RoPE's base as every session of this
@@ -162,12 +165,19 @@ class KvFrontierSuite(Suite):
             path = resolve_path(str(path))
             if not path.is_file():
                 raise ConfigError(f"kv_frontier.trained.{label}: no checkpoint at {path}")
-            saved = ModelConfig.from_dict(read_checkpoint(path)["hyper_parameters"]["model_config"])
+            ckpt = read_checkpoint(path)
+            saved = ModelConfig.from_dict(ckpt["hyper_parameters"]["model_config"])
             if saved.arch != "anchormass":
                 raise ConfigError(f"kv_frontier.trained.{label}: {path} is a {saved.arch} model, not AnchorMass")
             check_same_shapes(saved.to_dict(), self.model.config.to_dict(), f"kv_frontier.trained.{label} ({path})")
-            out[f"trained/{label}"] = {"path": path, "sha256": sha256_file(path),
-                                       "group_size": saved.group_size}
+            # a checkpoint of a stage still training scores as well as a finished one, so the report
+            # says which step it holds (a journal row is keyed by the file's checksum, not its step)
+            step, total = int(ckpt.get("global_step", 0)), ckpt["hyper_parameters"].get("total_steps")
+            if total is not None and step < int(total):
+                log.warning("kv_frontier.trained.%s: %s holds step %d of its stage's %d (mid-run)",
+                            label, path, step, int(total))
+            out[f"trained/{label}"] = {"path": path, "sha256": sha256_file(path), "group_size": saved.group_size,
+                                       "step": step, "total_steps": None if total is None else int(total)}
         return out
 
     def _check_ppl(self, ctx: EvalContext, labels: set[str]) -> None:
@@ -463,6 +473,8 @@ class KvFrontierSuite(Suite):
                              "pairs": self.pairs,
                              "retrieval_scores": scores.tolist(), "chunk": self.chunk,
                              "kvpress": None if self.kvpress_python is None else "kvpress 0.5.5",
+                             "trained": {m: {"sha256": t["sha256"][:12], "step": t["step"],
+                                             "total_steps": t["total_steps"]} for m, t in self.trained.items()},
                              "not_run_yet": missing},
                 "rows": rows, "summary": summary, **({"ppl": ppl} if ppl else {})}
 
@@ -610,6 +622,8 @@ def report_markdown(result: dict) -> str:
              "digits (of 4)", "McNemar p vs full", "prompt tokens kept / KV head"], body))
     if len(s["lengths"]) > 1:
         text.append(by_length(rows, s["lengths"]))
+    if s.get("trained"):
+        text.append(trained_line(s["trained"]))
     if s.get("not_run_yet"):
         text.append(f"Not run yet (the journal holds no row for them; a rerun without only_finished runs them): "
                     f"{', '.join(s['not_run_yet'])}.\n")
@@ -629,6 +643,16 @@ def report_markdown(result: dict) -> str:
                 f"full cache on the same trials. RoPE past the model's trained length: "
                 f"{'plain (no scaling)' if s.get('rope_scaling') == 'none' else 'dynamic NTK'}.\n")
     return "\n".join(text)
+
+
+def trained_line(trained: dict) -> str:
+    """Which checkpoint each trained cell is, and whether its stage had finished when it was saved."""
+    def one(label: str, t: dict) -> str:
+        total = t.get("total_steps")
+        mid = total is not None and t["step"] < total
+        of = f"step {t['step']:,}" + ("" if total is None else f" of {total:,}") + (" (mid-run)" if mid else "")
+        return f"{label} {of}, sha256 {t['sha256']}"
+    return "Trained cells' checkpoints: " + "; ".join(one(m, t) for m, t in trained.items()) + ".\n"
 
 
 def frontier_plot(rows: list[dict], path: Path) -> str:
