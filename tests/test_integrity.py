@@ -191,9 +191,8 @@ def test_disk_full_during_checkpoint_save(run_dir, tmp_path, monkeypatch):
     before = target.read_bytes()
     real_save = torch.save
 
-    def save_until_full(obj, f, *args, **kwargs):  # half a file, then the disk is full
-        with open(f, "wb") as fh:
-            fh.write(b"\0" * 4096)
+    def save_until_full(obj, fh, *args, **kwargs):  # half a file, then the disk is full
+        fh.write(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save_until_full)
@@ -202,6 +201,29 @@ def test_disk_full_during_checkpoint_save(run_dir, tmp_path, monkeypatch):
         atomic_torch_save(ckpt, target)
     monkeypatch.setattr(torch, "save", real_save)
     assert_untouched(target, before)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_real_full_disk_under_torch_save_is_the_one_line_error(tmp_path, monkeypatch):
+    """The kernel's own ENOSPC through torch's real writer (/dev/full refuses every write): given a path,
+    torch reports it as RuntimeError('unexpected pos ...') and a 20-line traceback ended a retrofit stage
+    here; the checkpoint's temp file is opened by us, so the error is the one line and nothing is left."""
+    import builtins
+
+    import anchormass.training.checkpoint as checkpoint
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"the previous checkpoint")
+
+    def open_full(path, mode="r", *args, **kwargs):  # the temp file's writes land on a full device
+        return builtins.open("/dev/full", mode, *args, **kwargs) if str(path).endswith(".tmp") else \
+            builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", open_full, raising=False)
+    ckpt = {"state_dict": {"w": torch.zeros(100_000)}, "hyper_parameters": {}}
+    with pytest.raises(CheckpointError, match=r"no space left on device writing .*last\.ckpt \(about 400,000 bytes"):
+        atomic_torch_save(ckpt, target)
+    assert_untouched(target, b"the previous checkpoint")
 
 
 def test_disk_full_during_any_atomic_write(tmp_path, monkeypatch):
@@ -243,10 +265,10 @@ CHECKPOINT_DISK_FULL = """
 import torch
 real_save, lasts = torch.save, []
 def save(obj, f, *args, **kwargs):
-    name = str(f)
+    name = str(getattr(f, "name", f))  # the checkpoint's temp file, opened by atomic_torch_save
     lasts.extend([name] if ".last.ckpt." in name else [])
     if name.endswith(".tmp") and ("0000004" in name or len(lasts) > 1):
-        open(f, "wb").write(b"x" * 4096)
+        f.write(b"x" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device")
     return real_save(obj, f, *args, **kwargs)
 torch.save = save

@@ -88,7 +88,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     if isinstance(obj, dict) and "state_dict" in obj:
         obj = {**obj, CHECKSUM_KEY: content_checksum(obj)}
     with atomic_path(path, error=CheckpointError, needed=lambda: tensor_bytes(obj)) as tmp:
-        torch.save(obj, tmp)
+        # Through a Python file, not a path: given a path, torch's own C++ writer reports a full disk as
+        # RuntimeError("unexpected pos ..."); through a file the kernel's ENOSPC stays an OSError, which
+        # atomic_path turns into its one line (measured: a real full disk, and /dev/full, raise each).
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
 
 
 def verify_checksum(ckpt: dict, path: str | os.PathLike) -> None:
