@@ -90,7 +90,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     with atomic_path(path, error=CheckpointError, needed=lambda: tensor_bytes(obj)) as tmp:
         # Through a Python file, not a path: given a path, torch's own C++ writer reports a full disk as
         # RuntimeError("unexpected pos ..."); through a file the kernel's ENOSPC stays an OSError, which
-        # atomic_path turns into its one line (measured: a real full disk, and /dev/full, raise each).
+        # atomic_path turns into its one line (seen on this machine's full disk; the test uses /dev/full).
         with open(tmp, "wb") as fh:
             torch.save(obj, fh)
 
