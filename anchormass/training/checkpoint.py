@@ -88,11 +88,23 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     if isinstance(obj, dict) and "state_dict" in obj:
         obj = {**obj, CHECKSUM_KEY: content_checksum(obj)}
     with atomic_path(path, error=CheckpointError, needed=lambda: tensor_bytes(obj)) as tmp:
-        # Through a Python file, not a path: given a path, torch's own C++ writer reports a full disk as
-        # RuntimeError("unexpected pos ..."); through a file the kernel's ENOSPC stays an OSError, which
-        # atomic_path turns into its one line (seen on this machine's full disk; the test uses /dev/full).
-        with open(tmp, "wb") as fh:
+        _save_reporting_os_errors(obj, tmp)
+
+
+def _save_reporting_os_errors(obj: Any, tmp: Path) -> None:
+    """torch.save whose failed write is the OSError itself (ENOSPC: atomic_path's one line).
+
+    Given a path, torch's C++ writer reports a short write as RuntimeError("unexpected pos ...") and
+    keeps no errno. Through a Python file the OSError is raised, but once part of the archive is out,
+    the writer's closing check replaces it with that same RuntimeError, the OSError as its context.
+    Both were seen on this machine's full disk; tests/test_integrity.py reproduces each."""
+    with open(tmp, "wb") as fh:
+        try:
             torch.save(obj, fh)
+        except RuntimeError as err:
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise
 
 
 def verify_checksum(ckpt: dict, path: str | os.PathLike) -> None:
