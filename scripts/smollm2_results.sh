@@ -61,15 +61,13 @@ done
 "${EV_CLASSIC[@]}" out_dir=runs/eval/smollm2_classic_L16384 overwrite=true 'eval.kv_frontier.lengths=[16384]' \
   "${LONG[@]}"
 # 2c. 16K without the NTK scaling (plain RoPE past 8,192, transformers' default Llama there): the full
-#     cache, the control of that condition, recalls 0/15 there. The one question it can still answer is
-#     the write-up's (does the local/global split recall where the full cache cannot?), so the lossless
-#     g1 cell runs beside it; the methods that keep or merge tokens at equal bytes are not run in it.
-PLAIN=(eval.kv_frontier.rope_scaling=none 'eval.kv_frontier.lengths=[16384]' "${LONG[@]}")
-PLAIN_CELLS=("${PLAIN[@]}" 'eval.kv_frontier.anchormass.group_sizes=[1]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
+#     cache, the control of that condition (every run measures it), recalls 0/15 there. The one question it
+#     can still answer is the write-up's (does the local/global split recall where the full cache cannot?),
+#     so the lossless g1 cell runs beside it; the methods that keep or merge tokens at equal bytes are not
+#     run in it.
+PLAIN_CELLS=(eval.kv_frontier.rope_scaling=none 'eval.kv_frontier.lengths=[16384]' "${LONG[@]}"
+             'eval.kv_frontier.anchormass.group_sizes=[1]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]'
              'eval.kv_frontier.baseline_levels=[]' eval.kv_frontier.kvpress.python=null)
-"${EV_PLAIN[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain_full overwrite=true "${PLAIN[@]}" \
-  'eval.kv_frontier.anchormass.group_sizes=[]' 'eval.kv_frontier.anchormass.no_outlier_group_sizes=[]' \
-  'eval.kv_frontier.baseline_levels=[]'
 "${EV_PLAIN[@]}" out_dir=runs/eval/smollm2_classic_L16384_plain overwrite=true "${PLAIN_CELLS[@]}"
 # 3. the natural-text haystack (held-out English documentation) at 1,024 tokens, then the LONG set at 2K, 4K and 8K
 "${EV_NATURAL[@]}" out_dir=runs/eval/smollm2_natural overwrite=true "${NATURAL[@]}"

@@ -173,11 +173,12 @@ class KvFrontierSuite(Suite):
             # a checkpoint of a stage still training scores as well as a finished one, so the report
             # says which step it holds (a journal row is keyed by the file's checksum, not its step)
             step, total = int(ckpt.get("global_step", 0)), ckpt["hyper_parameters"].get("total_steps")
-            if total is not None and step < int(total):
+            total = None if total is None else int(total)
+            if total is not None and step < total:
                 log.warning("kv_frontier.trained.%s: %s holds step %d of its stage's %d (mid-run)",
-                            label, path, step, int(total))
+                            label, path, step, total)
             out[f"trained/{label}"] = {"path": path, "sha256": sha256_file(path), "group_size": saved.group_size,
-                                       "step": step, "total_steps": None if total is None else int(total)}
+                                       "step": step, "total_steps": total}
         return out
 
     def _check_ppl(self, ctx: EvalContext, labels: set[str]) -> None:
